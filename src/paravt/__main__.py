@@ -1,0 +1,3 @@
+from paravt.cli import app
+
+app()
