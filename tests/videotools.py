@@ -1,0 +1,89 @@
+"""Small real videos for tests: each frame carries its own index as a binary stripe."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+
+BITS = 12  # up to 4095 frames
+
+
+def stripe_frame(index: int, height: int = 64, width: int = 96) -> np.ndarray:
+    """A frame whose top band encodes `index` in BITS black/white cells (robust to compression)."""
+    img = np.full((height, width, 3), 64, np.uint8)
+    cell = width // BITS
+    for b in range(BITS):
+        if (index >> b) & 1:
+            img[: height // 2, b * cell : (b + 1) * cell] = 255
+        else:
+            img[: height // 2, b * cell : (b + 1) * cell] = 0
+    return img
+
+
+def decode_stripe(img: np.ndarray) -> int:
+    """Read the index back from a (possibly resized) stripe frame."""
+    h, w = img.shape[:2]
+    cell = w / BITS
+    row = img[h // 4, :, :].mean(axis=-1)
+    value = 0
+    for b in range(BITS):
+        x = int((b + 0.5) * cell)
+        if row[x] > 128:
+            value |= 1 << b
+    return value
+
+
+def make_test_video(
+    path: str | Path,
+    seconds: float = 10.0,
+    fps: int = 10,
+    size: tuple[int, int] = (64, 96),
+    gop: int = 1,
+    codec: str = "libx264",
+    frames=None,
+) -> Path:
+    """Write an MP4 whose frame i shows stripe i. gop=1: all keyframes; larger: long GOP."""
+    import av
+
+    path = Path(path)
+    h, w = size
+    n = int(round(seconds * fps))
+    with av.open(str(path), mode="w") as out:
+        stream = out.add_stream(codec, rate=Fraction(fps, 1) if isinstance(fps, int) else fps)
+        stream.width, stream.height = w, h
+        stream.pix_fmt = "yuv420p"
+        stream.gop_size = gop
+        if codec == "libx264":
+            stream.options = {"g": str(gop), "keyint_min": str(gop), "sc_threshold": "0", "preset": "ultrafast", "crf": "18"}
+        else:
+            stream.bit_rate = 800_000
+        for i in range(n):
+            img = stripe_frame(i, h, w) if frames is None else frames(i)
+            frame = av.VideoFrame.from_ndarray(img, format="rgb24")
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return path
+
+
+def make_audio_only(path: str | Path, seconds: float = 1.0) -> Path:
+    import av
+
+    path = Path(path)
+    with av.open(str(path), mode="w") as out:
+        stream = out.add_stream("aac", rate=16000)
+        samples = int(16000 * seconds)
+        t = np.arange(samples) / 16000
+        data = (0.2 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)[None, :]
+        chunk = 1024
+        for s in range(0, samples, chunk):
+            frame = av.AudioFrame.from_ndarray(data[:, s : s + chunk], format="fltp", layout="mono")
+            frame.sample_rate = 16000
+            for p in stream.encode(frame):
+                out.mux(p)
+        for p in stream.encode():
+            out.mux(p)
+    return path
