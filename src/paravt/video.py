@@ -165,13 +165,21 @@ class VideoReader:
         num_frames = int(s.frames or 0)
         # Demux packet timestamps (cheap, no decoding) to check the file holds frames and
         # that its stated duration is real: a truncated file states more than it has.
+        # Only the tail is read when a duration is stated (a long file is not scanned whole).
         last_pts, count = None, 0
         try:
-            for packet in c.demux(s):
-                if packet.pts is not None:
-                    t = float(packet.pts * s.time_base)
-                    last_pts = t if last_pts is None else max(last_pts, t)
-                    count += 1
+            for tail_from in ([duration - 10.0, None] if duration else [None]):
+                if tail_from is not None:
+                    c.seek(int(max(tail_from, 0.0) / float(s.time_base)), stream=s, backward=True, any_frame=False)
+                else:
+                    c.seek(0, stream=s, backward=True, any_frame=False) if duration else None
+                for packet in c.demux(s):
+                    if packet.pts is not None:
+                        t = float(packet.pts * s.time_base)
+                        last_pts = t if last_pts is None else max(last_pts, t)
+                        count += 1
+                if count:
+                    break
         except Exception as e:
             raise VideoError(f"{self.path}: corrupt or truncated video ({type(e).__name__}: {e})") from None
         if count == 0:
@@ -181,13 +189,13 @@ class VideoReader:
         if duration is None or duration <= 0 or measured < duration - 2 * frame_dur:
             duration = measured
         if fps <= 0:
-            fps = count / max(duration, 1e-6)
+            fps = 25.0  # unknown rate: timestamps still come from pts, fps only sets the crop gap
         self._start = start
         self._keyframe_sparse = None
         w, h = s.codec_context.width, s.codec_context.height
         if not w or not h:
             raise VideoError(f"{self.path}: video stream has no frame size")
-        return VideoInfo(duration=duration, fps=fps, num_frames=num_frames or count, width=w, height=h)
+        return VideoInfo(duration=duration, fps=fps, num_frames=num_frames or int(round(duration * fps)), width=w, height=h)
 
     def probe(self) -> VideoInfo:
         return self._info
