@@ -1,0 +1,176 @@
+"""A tiny Qwen3-VL built fully offline: real architecture, small sizes.
+
+The tokenizer is a byte-level BPE trained in code on a small built-in corpus (the project's
+own prompts plus SynthVT-style vocabulary), carrying every Qwen special token and our tags as
+single tokens. Saved with `save_pretrained`, the directory loads back through the same
+`paravt.models.load_model` path that loads `Qwen/Qwen3-VL-8B-Instruct`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from paravt import protocol as P
+
+QWEN_SPECIAL = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>",
+    "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
+]
+OUR_TAGS = list(P.ALL_TAGS)
+
+# Qwen-style chat template (system/user/assistant; images as vision_start + image_pad + vision_end).
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['content'] is string %}{{- message['content'] }}"
+    "{%- else %}{%- for part in message['content'] %}"
+    "{%- if part['type'] == 'image' or 'image' in part %}{{- '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{%- elif part['type'] == 'text' %}{{- part['text'] }}{%- endif %}"
+    "{%- endfor %}{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+SIZES = {
+    # hidden, layers, heads, kv heads, intermediate, vision hidden, vision depth
+    "tiny": dict(hidden=128, layers=4, heads=4, kv=2, inter=384, v_hidden=64, v_depth=2, vocab=3000),
+    "small": dict(hidden=256, layers=6, heads=8, kv=4, inter=768, v_hidden=128, v_depth=4, vocab=4000),
+}
+
+
+def _corpus() -> list[str]:
+    """Text the BPE merges are learned from: our prompts and the words SynthVT uses."""
+    texts = [
+        P.system_prompt("parallel"), P.system_prompt("sequential"), P.system_prompt("none"),
+        P.user_prompt_text("Which shape appeared in red?\nA. circle\nB. square\nC. star\nD. cross", 312.5, "mcq"),
+        P.user_prompt_text("When does the blue triangle appear?", 120.0, "tvg"),
+        P.user_prompt_text("What appeared in green?", 90.0, "oe"),
+        P.subagent_prompt(12.0, 30.0, "What colour was the star?"),
+        P.final_answer_instruction("mcq"), P.final_answer_instruction("tvg"),
+        P.format_tool_call(12.5, 30.0), P.format_tool_response("At 14.0 seconds a red circle appears."),
+    ]
+    colours = "red green blue yellow white black orange purple cyan magenta pink brown grey gray dark light".split()
+    shapes = "circle square triangle cross star diamond ring bar heart".split()
+    words = (
+        "the a an at in on of to and or is was were appears appeared appear shows visible seconds second frame "
+        "frames video background scene first last before after between upper lower left right top bottom middle "
+        "center corner answer option question which what when how many colour color shape event nothing no yes "
+        "I look closer window windows crop check overview miss missed short so need see saw there it its".split()
+    )
+    for c in colours:
+        for s in shapes:
+            texts.append(f"At 41.0 seconds a {c} {s} appears in the upper left. Background: dark {c}.")
+    texts.append(" ".join(words) * 3)
+    texts.append(" ".join(str(i) for i in range(0, 1000)) + " " + " ".join(f"{i}.{j}" for i in range(0, 100) for j in range(10)))
+    return texts * 3
+
+
+def build_tokenizer(vocab_size: int = 3000):
+    """A PreTrainedTokenizerFast over a byte-level BPE with Qwen special tokens and our tags."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=QWEN_SPECIAL + OUR_TAGS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(), trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=[t for t in QWEN_SPECIAL if t not in ("<|im_end|>", "<|endoftext|>")] + OUR_TAGS,
+        model_max_length=32768,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_processor(tokenizer, max_pixels: int = 50176, min_pixels: int = 784):
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from paravt.models import VLProcessor
+
+    image_processor = Qwen2VLImageProcessorPil(
+        size={"shortest_edge": min_pixels, "longest_edge": max_pixels}, patch_size=16, merge_size=2, temporal_patch_size=2
+    )
+    return VLProcessor(tokenizer=tokenizer, image_processor=image_processor)
+
+
+def tiny_config(tokenizer, size: str = "tiny"):
+    from transformers import Qwen3VLConfig
+
+    s = SIZES[size]
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL}
+    head_dim = s["hidden"] // s["heads"]
+    return Qwen3VLConfig(
+        text_config=dict(
+            vocab_size=len(tokenizer),
+            hidden_size=s["hidden"],
+            intermediate_size=s["inter"],
+            num_hidden_layers=s["layers"],
+            num_attention_heads=s["heads"],
+            num_key_value_heads=s["kv"],
+            head_dim=head_dim,
+            max_position_embeddings=32768,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [head_dim // 8, head_dim // 8 * 3 // 2, head_dim // 8 * 3 // 2][:3], "mrope_interleaved": True},
+            tie_word_embeddings=True,
+            bos_token_id=None,
+            eos_token_id=ids["<|im_end|>"],
+            pad_token_id=ids["<|endoftext|>"],
+        ),
+        vision_config=dict(
+            depth=s["v_depth"],
+            hidden_size=s["v_hidden"],
+            intermediate_size=s["v_hidden"] * 2,
+            num_heads=max(1, s["v_hidden"] // 32),
+            in_channels=3,
+            patch_size=16,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            out_hidden_size=s["hidden"],
+            num_position_embeddings=256,
+            deepstack_visual_indexes=[0] if s["v_depth"] > 1 else [],
+        ),
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+
+
+def build_tiny(seed: int = 0, size: str = "tiny"):
+    """(model, processor): a randomly initialised tiny Qwen3-VL and its processor, offline."""
+    from transformers import Qwen3VLForConditionalGeneration
+
+    if size not in SIZES:
+        raise ValueError(f"unknown tiny size {size!r}; choose from {list(SIZES)}")
+    tokenizer = build_tokenizer(SIZES[size]["vocab"])
+    processor = build_processor(tokenizer)
+    config = tiny_config(tokenizer, size)
+    torch.manual_seed(seed)
+    model = Qwen3VLForConditionalGeneration(config)
+    model.eval()
+    model.generation_config.eos_token_id = config.text_config.eos_token_id
+    model.generation_config.pad_token_id = config.text_config.pad_token_id
+    return model, processor
+
+
+def save_pretrained(model, processor, path: str | Path) -> Path:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    processor.save_pretrained(path)
+    return path
