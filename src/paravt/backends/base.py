@@ -73,6 +73,9 @@ class GenerateRequest:
     prefix: str = ""
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
+    # Who asks: "main" or "sub" (a sub-agent). Backends may ignore it; scripted test
+    # backends and logs use it.
+    role: str = "main"
 
 
 @dataclass

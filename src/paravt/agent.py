@@ -1,0 +1,402 @@
+"""The episode: one loop for `paravt ask`, `paravt eval` and PARA-GRPO rollouts (SPEC §1).
+
+overview (K timestamped frames) -> main turn -> the turn's crop_video calls run concurrently,
+each by a sub-agent with a fresh context -> summaries return in call order -> ... -> answer.
+Failures are local: a bad call becomes an error text inside its own <tool_response>.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable
+
+from paravt import protocol as P
+from paravt.backends.base import Backend, BackendError, Completion, GenerateRequest, ImagePart, Message, TextPart
+from paravt.video import Frame, VideoError, VideoReader
+
+EventHook = Callable[[str, dict], None]
+
+
+@dataclass
+class EpisodeConfig:
+    mode: str = "parallel"  # parallel | sequential | inline | none
+    frames: int = 64  # overview K
+    max_turns: int = 3
+    max_parallel: int = 5
+    sub_fps: float = 1.0
+    sub_min_frames: int = 1
+    sub_max_frames: int = 16
+    think_prefix: bool = True
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_new_tokens: int = 2048
+    answer_max_new_tokens_mcq: int = 64
+    answer_max_new_tokens_tvg: int = 128
+    answer_max_new_tokens_oe: int = 128
+    sub_max_new_tokens: int = 512
+    call_timeout_s: float = 120.0
+    subagent_sees_question: bool = True
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in P.MODES:
+            raise ValueError(f"mode must be one of {', '.join(P.MODES)}, got {self.mode!r}")
+        for name in ("frames", "max_turns", "max_parallel", "sub_max_frames", "max_new_tokens", "sub_max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 1 <= self.sub_min_frames <= self.sub_max_frames:
+            raise ValueError("need 1 <= sub_min_frames <= sub_max_frames")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "EpisodeConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown episode config keys: {', '.join(sorted(unknown))}")
+        return cls(**d)
+
+    @property
+    def prefix(self) -> str:
+        return P.THINK_PREFIX if self.think_prefix else ""
+
+    def answer_tokens(self, question_type: str) -> int:
+        return {"mcq": self.answer_max_new_tokens_mcq, "tvg": self.answer_max_new_tokens_tvg}.get(
+            question_type, self.answer_max_new_tokens_oe)
+
+
+@dataclass
+class ModelCall:
+    prefix: str
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    visual_tokens: int
+    completion_tokens: int
+    prompt_ids: list[int] | None
+    token_ids: list[int] | None
+    logprobs: list[float] | None
+    assistant_ids: list[int] | None
+    started: float
+    finished: float
+    image_times: list[float]
+    n_images: int = 0
+    messages: list[Message] | None = None  # in memory only: the exact input, images included
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "messages"}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelCall":
+        return cls(**{k: v for k, v in d.items() if k != "messages"})
+
+
+@dataclass
+class SubCall:
+    turn: int
+    index: int
+    call: dict
+    start: float | None
+    end: float | None
+    status: str  # ok | error | skipped
+    error: str | None
+    response: str
+    frame_times: list[float]
+    generation: ModelCall | None
+    started: float
+    finished: float
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["generation"] = self.generation.to_dict() if self.generation else None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SubCall":
+        d = dict(d)
+        d["generation"] = ModelCall.from_dict(d["generation"]) if d.get("generation") else None
+        return cls(**d)
+
+
+@dataclass
+class MainTurn:
+    index: int
+    generation: ModelCall
+    parsed: dict
+    calls: list[SubCall]
+    tool_response: str | None
+    forced_answer: bool
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "generation": self.generation.to_dict(), "parsed": self.parsed,
+                "calls": [c.to_dict() for c in self.calls], "tool_response": self.tool_response,
+                "forced_answer": self.forced_answer}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "MainTurn":
+        return cls(index=d["index"], generation=ModelCall.from_dict(d["generation"]), parsed=d["parsed"],
+                   calls=[SubCall.from_dict(c) for c in d["calls"]], tool_response=d["tool_response"],
+                   forced_answer=d["forced_answer"])
+
+
+@dataclass
+class Episode:
+    video: str
+    question: str
+    question_type: str
+    config: EpisodeConfig
+    duration: float
+    overview_times: list[float]
+    turns: list[MainTurn] = field(default_factory=list)
+    answer: str | None = None
+    n_parsed_calls: int = 0
+    n_executed_calls: int = 0
+    wall_time: float = 0.0
+    error: str | None = None
+    main_visual_tokens: int = 0
+    main_prompt_tokens_final: int = 0
+
+    def main_texts(self) -> list[str]:
+        """The generated text of every main turn (forced prefix not included)."""
+        return [t.generation.text for t in self.turns]
+
+    def subcalls(self) -> list[SubCall]:
+        return [c for t in self.turns for c in t.calls]
+
+    @property
+    def n_problems(self) -> int:
+        return sum(len(t.parsed.get("problems", [])) for t in self.turns)
+
+    def to_dict(self) -> dict:
+        return {
+            "video": self.video, "question": self.question, "question_type": self.question_type,
+            "config": asdict(self.config), "duration": self.duration, "overview_times": self.overview_times,
+            "turns": [t.to_dict() for t in self.turns], "answer": self.answer,
+            "n_parsed_calls": self.n_parsed_calls, "n_executed_calls": self.n_executed_calls,
+            "wall_time": self.wall_time, "error": self.error, "main_visual_tokens": self.main_visual_tokens,
+            "main_prompt_tokens_final": self.main_prompt_tokens_final,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Episode":
+        d = dict(d)
+        d["config"] = EpisodeConfig.from_dict(d["config"])
+        d["turns"] = [MainTurn.from_dict(t) for t in d["turns"]]
+        return cls(**d)
+
+
+# ----------------------------------------------------------------------------------------------
+# message builders (also used to render SFT trajectories, so training sees what inference sends)
+
+
+def frame_parts(frames: list[Frame]) -> list:
+    """Each frame preceded by its timestamp text."""
+    parts: list = []
+    for f in frames:
+        parts.append(TextPart(P.timestamp_text(f.timestamp)))
+        parts.append(ImagePart(f.image, timestamp=f.timestamp))
+    return parts
+
+
+def build_main_messages(frames: list[Frame], duration: float, question: str, question_type: str, mode: str,
+                        max_parallel: int = 5, subtitles: str | None = None) -> list[Message]:
+    content = frame_parts(frames) + [TextPart("\n" + P.user_prompt_text(question, duration, question_type, subtitles))]
+    return [Message("system", P.system_prompt(mode, max_parallel)), Message("user", content)]
+
+
+def build_subagent_messages(frames: list[Frame], start: float, end: float, task: str | None) -> list[Message]:
+    content = frame_parts(frames) + [TextPart("\n" + P.subagent_prompt(start, end, task))]
+    return [Message("user", content)]
+
+
+_THINK_BLOCK = re.compile(re.escape(P.THINK_OPEN) + r".*?(" + re.escape(P.THINK_CLOSE) + r"|$)", re.S)
+
+
+def summary_of(text: str) -> str:
+    """What a sub-agent returns to the main agent: its text without any think block."""
+    out = _THINK_BLOCK.sub("", text).strip()
+    return out or text.strip()
+
+
+# ----------------------------------------------------------------------------------------------
+# the loop
+
+
+def _record(c: Completion, prefix: str, started: float, finished: float, messages: list[Message]) -> ModelCall:
+    images = [p for m in messages for p in m.images()]
+    return ModelCall(
+        prefix=prefix, text=c.text, finish_reason=c.finish_reason, prompt_tokens=c.prompt_tokens,
+        visual_tokens=c.visual_tokens, completion_tokens=c.completion_tokens, prompt_ids=c.prompt_ids,
+        token_ids=c.token_ids, logprobs=c.logprobs, assistant_ids=c.assistant_ids, started=started,
+        finished=finished, image_times=[float(p.timestamp) for p in images if p.timestamp is not None],
+        n_images=len(images), messages=messages,
+    )
+
+
+async def run_episode(
+    backend: Backend,
+    video: str | Path | VideoReader,
+    question: str,
+    config: EpisodeConfig | None = None,
+    *,
+    question_type: str = "mcq",
+    subtitles: str | None = None,
+    on_event: EventHook | None = None,
+    overview_frames: int | None = None,
+) -> Episode:
+    """Run one episode. Raises VideoError when the episode's own video cannot be read, and
+    BackendError when the main agent's model cannot be reached; everything that goes wrong
+    inside a tool call stays inside that call's response."""
+    cfg = config or EpisodeConfig()
+    if question_type not in P.QUESTION_TYPES:
+        raise ValueError(f"question_type must be one of {P.QUESTION_TYPES}, got {question_type!r}")
+    emit = on_event or (lambda name, payload: None)
+    t0 = time.perf_counter()
+    now = lambda: time.perf_counter() - t0  # noqa: E731
+    reader = video if isinstance(video, VideoReader) else VideoReader(video)
+    k = overview_frames or cfg.frames
+    frames = await reader.aoverview(k)
+    ep = Episode(video=str(reader.path), question=question, question_type=question_type, config=cfg,
+                 duration=reader.duration, overview_times=[f.timestamp for f in frames])
+    emit("overview", {"times": ep.overview_times, "duration": ep.duration})
+    messages = build_main_messages(frames, reader.duration, question, question_type, cfg.mode, cfg.max_parallel, subtitles)
+    prefix = cfg.prefix
+
+    for turn_index in range(cfg.max_turns):
+        last = turn_index == cfg.max_turns - 1
+        forced = last and turn_index > 0
+        max_new = cfg.answer_tokens(question_type) if forced else cfg.max_new_tokens
+        req = GenerateRequest(messages=list(messages), max_new_tokens=max_new, temperature=cfg.temperature,
+                              top_p=cfg.top_p, prefix=prefix, seed=None if cfg.seed is None else cfg.seed + turn_index,
+                              role="main")
+        emit("turn_started", {"turn": turn_index, "forced_answer": forced})
+        started = now()
+        completion = (await backend.generate([req]))[0]
+        gen = _record(completion, prefix, started, now(), req.messages)
+        turn = P.parse(completion.text, prefix=prefix)
+        ep.main_visual_tokens = max(ep.main_visual_tokens, completion.visual_tokens)
+        ep.main_prompt_tokens_final = completion.prompt_tokens
+        emit("generated", {"turn": turn_index, "text": completion.text, "think": turn.think, "answer": turn.answer,
+                           "calls": [c.arguments for c in turn.calls], "problems": [p.kind for p in turn.problems]})
+        main_turn = MainTurn(index=turn_index, generation=gen, parsed=turn.to_dict(), calls=[], tool_response=None,
+                             forced_answer=forced)
+        ep.turns.append(main_turn)
+        ep.n_parsed_calls += len(turn.calls)
+
+        wants_tools = (turn.calls or turn.bad_calls) and cfg.mode != "none"
+        if turn.answer is not None and turn.answer_closed or not wants_tools or last:
+            break
+
+        subcalls, response_parts = await _dispatch(backend, reader, turn, turn_index, cfg, question, now, emit)
+        main_turn.calls = subcalls
+        ep.n_executed_calls += sum(1 for c in subcalls if c.status == "ok")
+        if turn_index + 1 == cfg.max_turns - 1:
+            response_parts.append(TextPart("\n" + P.final_answer_instruction(question_type)))
+        main_turn.tool_response = "".join(p.text for p in response_parts if isinstance(p, TextPart))
+        messages.append(Message("assistant", prefix + completion.text, token_ids=completion.assistant_ids))
+        messages.append(Message("user", response_parts))
+
+    ep.answer = P.extract_answer(prefix + ep.turns[-1].generation.text) if ep.turns else None
+    ep.wall_time = now()
+    emit("answer", {"answer": ep.answer, "wall_time": ep.wall_time})
+    return ep
+
+
+async def _dispatch(backend: Backend, reader: VideoReader, turn: P.Turn, turn_index: int, cfg: EpisodeConfig,
+                    question: str, now, emit) -> tuple[list[SubCall], list]:
+    """Run the calls of one turn; returns their records and the user-turn content that reports them."""
+    limit = 1 if cfg.mode == "sequential" else cfg.max_parallel
+    run_now = turn.calls[:limit]
+    emit("calls_dispatched", {"turn": turn_index, "calls": [c.arguments for c in run_now]})
+
+    # Two phases so the sub-agents reach the backend together and share one batch: first
+    # every window is validated and decoded concurrently, then every sub-agent is asked at once.
+    async def prepare(i: int, call: P.ToolCall) -> tuple[SubCall, list, GenerateRequest | None]:
+        started = now()
+        sub = SubCall(turn=turn_index, index=i, call={"name": call.name, "arguments": call.arguments}, start=None,
+                      end=None, status="error", error=None, response="", frame_times=[], generation=None,
+                      started=started, finished=started)
+        extra: list = []
+        req = None
+        try:
+            args = P.crop_args(call, reader.duration)
+            sub.start, sub.end = args.start, args.end
+            frames = await asyncio.wait_for(
+                reader.acrop(args.start, args.end, fps=cfg.sub_fps, max_frames=cfg.sub_max_frames,
+                             num_frames=args.num_frames),
+                timeout=cfg.call_timeout_s)
+            if len(frames) < cfg.sub_min_frames:
+                raise VideoError(f"only {len(frames)} frames in the window")
+            sub.frame_times = [f.timestamp for f in frames]
+            if cfg.mode == "inline":
+                extra = frame_parts(frames)
+                sub.response = f"{len(frames)} frames of {args.start:.1f}-{args.end:.1f} seconds follow."
+                sub.status = "ok"
+            else:
+                msgs = build_subagent_messages(frames, args.start, args.end,
+                                               question if cfg.subagent_sees_question else None)
+                req = GenerateRequest(messages=msgs, max_new_tokens=cfg.sub_max_new_tokens, temperature=cfg.temperature,
+                                      top_p=cfg.top_p, seed=None if cfg.seed is None else cfg.seed + 1000 + i, role="sub")
+        except P.ToolCallError as e:
+            sub.error = str(e)
+        except VideoError as e:
+            sub.error = f"could not read the video window: {str(e).split(': ', 1)[-1]}"
+        except asyncio.TimeoutError:
+            sub.error = f"decoding the window took longer than {cfg.call_timeout_s:g} seconds"
+        return sub, extra, req
+
+    async def ask(sub: SubCall, req: GenerateRequest) -> None:
+        g_started = now()
+        try:
+            c = (await asyncio.wait_for(backend.generate([req]), timeout=cfg.call_timeout_s))[0]
+            sub.generation = _record(c, "", g_started, now(), req.messages)
+            sub.response = summary_of(c.text)
+            sub.status = "ok"
+        except asyncio.TimeoutError:
+            sub.error = f"the call took longer than {cfg.call_timeout_s:g} seconds and was stopped"
+        except BackendError as e:
+            sub.error = f"the helper model failed: {e}"
+
+    prepared = await asyncio.gather(*[prepare(i, c) for i, c in enumerate(run_now)])
+    await asyncio.gather(*[ask(sub, req) for sub, _, req in prepared if req is not None])
+    results = []
+    for sub, extra, _ in prepared:
+        if sub.status != "ok":
+            sub.response = P.format_error(sub.error or "failed")
+        sub.finished = now()
+        emit("subcall_finished", {"turn": turn_index, "index": sub.index, "start": sub.start, "end": sub.end,
+                                  "status": sub.status, "response": sub.response})
+        results.append((sub, extra))
+    subcalls = [r[0] for r in results]
+    parts: list = []
+    for sub, extra in results:
+        if extra:
+            parts.append(TextPart(P.TOOL_RESPONSE_OPEN + "\n" + sub.response + "\n"))
+            parts += extra
+            parts.append(TextPart("\n" + P.TOOL_RESPONSE_CLOSE + "\n"))
+        else:
+            parts.append(TextPart(P.format_tool_response(sub.response) + "\n"))
+    why = ("this mode runs one call per turn; call it again next turn if still needed" if cfg.mode == "sequential"
+           else f"at most {cfg.max_parallel} calls run per turn")
+    for j, call in enumerate(turn.calls[limit:], start=len(run_now)):
+        msg = P.format_error(f"not run: {why}")
+        subcalls.append(SubCall(turn=turn_index, index=j, call={"name": call.name, "arguments": call.arguments},
+                                start=None, end=None, status="skipped", error=why, response=msg, frame_times=[],
+                                generation=None, started=now(), finished=now()))
+        parts.append(TextPart(P.format_tool_response(msg) + "\n"))
+    for j, (raw, problem) in enumerate(turn.bad_calls, start=len(subcalls)):
+        msg = P.format_error(f"could not read this tool call ({problem}); write it as " + P.format_tool_call(10, 20))
+        subcalls.append(SubCall(turn=turn_index, index=j, call={"raw": raw[:500]}, start=None, end=None, status="error",
+                                error=problem, response=msg, frame_times=[], generation=None, started=now(),
+                                finished=now()))
+        parts.append(TextPart(P.format_tool_response(msg) + "\n"))
+    return subcalls, parts
+
+
+def run_episode_sync(*args: Any, **kwargs: Any) -> Episode:
+    """`run_episode` for scripts without an event loop."""
+    return asyncio.run(run_episode(*args, **kwargs))
