@@ -30,3 +30,49 @@ def version() -> None:
 
 
 # --- command registrations (each area adds its own line here) ---
+
+
+@app.command()
+def demo(
+    out: str = typer.Option("outputs/demo", help="Where the video and timeline go."),
+    seed: int = typer.Option(None, help="SynthVT seed (default: a fresh one)."),
+    model: str = typer.Option(None, help="Model path or URL (default: the shipped tiny model)."),
+    frames: int = typer.Option(16, help="Overview frames K."),
+) -> None:
+    """Make a synthetic long video and run the whole parallel episode on it, offline, on CPU."""
+    from paravt.demo import demo as run_demo
+
+    run_demo(out, seed, model, frames)
+
+
+@app.command()
+def ask(
+    video: str = typer.Argument(..., help="Video file."),
+    question: str = typer.Argument(..., help="The question (put MCQ options in it as 'A. …' lines)."),
+    model: str = typer.Option(None, help="Checkpoint dir, hub id (cached), or http(s) URL of an OpenAI-compatible server."),
+    mode: str = typer.Option("parallel", help="parallel | sequential | inline | none"),
+    frames: int = typer.Option(64, help="Overview frames K."),
+    max_turns: int = typer.Option(3),
+    max_parallel: int = typer.Option(5),
+    question_type: str = typer.Option("mcq", help="mcq | tvg | oe"),
+    temperature: float = typer.Option(0.0),
+    max_new_tokens: int = typer.Option(2048),
+    json_out: str = typer.Option(None, "--json", help="Write the full episode trace here."),
+    timeline: str = typer.Option(None, help="Draw the episode timeline to this PNG."),
+    api_key: str = typer.Option(None, envvar="PARAVT_API_KEY", help="Bearer key for a served model."),
+) -> None:
+    """Answer a question about a video with the parallel crop_video episode."""
+    from paravt.agent import EpisodeConfig
+    from paravt.ask import ask as run_ask
+    from paravt.backends.base import BackendError
+    from paravt.models import ModelLoadError
+    from paravt.video import VideoError
+
+    try:
+        cfg = EpisodeConfig(mode=mode, frames=frames, max_turns=max_turns, max_parallel=max_parallel,
+                            temperature=temperature, max_new_tokens=max_new_tokens)
+        run_ask(video, question, model=model, config=cfg, question_type=question_type, json_path=json_out,
+                timeline_path=timeline, api_key=api_key)
+    except (VideoError, ModelLoadError, BackendError, ValueError) as e:
+        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
