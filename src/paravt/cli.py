@@ -76,3 +76,22 @@ def ask(
     except (VideoError, ModelLoadError, BackendError, ValueError) as e:
         typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
+
+
+@app.command()
+def serve(
+    model: str = typer.Option(None, help="Checkpoint dir or cached hub id (default: an untrained tiny model)."),
+    host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default)."),
+    port: int = typer.Option(8000),
+    api_key: str = typer.Option(None, envvar="PARAVT_API_KEY", help="Require this bearer key."),
+    max_batch: int = typer.Option(16, help="Most concurrent requests merged into one forward pass."),
+) -> None:
+    """Serve a model over an OpenAI-compatible /v1/chat/completions."""
+    from paravt.models import ModelLoadError
+    from paravt.serve import serve as run_serve
+
+    try:
+        run_serve(model, host, port, api_key, max_batch)
+    except ModelLoadError as e:
+        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
