@@ -95,3 +95,24 @@ def serve(
     except ModelLoadError as e:
         typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
+
+
+@app.command()
+def synth(
+    out: str = typer.Option(..., help="Output directory."),
+    n: int = typer.Option(500, help="Number of questions."),
+    seed: int = typer.Option(0),
+    split: str = typer.Option("train", help="train | test | val (independent video streams)."),
+    min_len: float = typer.Option(60.0, help="Shortest video, seconds."),
+    max_len: float = typer.Option(600.0, help="Longest video, seconds."),
+    size: int = typer.Option(64, help="Frame side, pixels."),
+    fps: int = typer.Option(2, help="Native frame rate."),
+) -> None:
+    """Write a SynthVT split: MP4 videos, ParaVT-Parquet RL rows, oracle SFT rows, annotations."""
+    from paravt.synth.dataset import synth_command
+
+    try:
+        synth_command(out, n, seed, split, min_len, max_len, size, fps)
+    except ValueError as e:
+        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
