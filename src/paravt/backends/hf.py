@@ -50,6 +50,8 @@ class Renderer:
         self.image_pad = t.convert_tokens_to_ids("<|image_pad|>")
         self.newline = self.encode("\n")
         self._cache: dict[str, list[int]] = {}
+        # generation ends at these ids (benchmarks may empty it to force fixed-length outputs)
+        self.stop_ids = {self.im_end} | ({t.eos_token_id} if t.eos_token_id is not None else set())
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False) if text else []
@@ -161,9 +163,7 @@ def decode_batch(model, renderer: Renderer, rendered: list[Rendered], reqs: list
     logits = out.logits[:, -1, :].float()
     B = len(reqs)
     max_new = max(r.max_new_tokens for r in reqs)
-    eos = {renderer.im_end}
-    if renderer.tok.eos_token_id is not None:
-        eos.add(renderer.tok.eos_token_id)
+    eos = renderer.stop_ids
     generators = []
     for r in reqs:
         g = torch.Generator(device="cpu")
