@@ -1,0 +1,72 @@
+"""The command line as a user runs it (in-process through typer's runner, and one real subprocess)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from paravt.cli import app
+from paravt.models.tiny import build_tiny, save_pretrained
+from paravt.synth.render import make_spec, write_video
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    save_pretrained(*build_tiny(seed=0), d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def synth_video(tmp_path_factory):
+    return write_video(make_spec(1, min_len=60, max_len=90), tmp_path_factory.mktemp("v") / "synth.mp4")
+
+
+def test_help_lists_commands():
+    r = runner.invoke(app, ["--help"])
+    assert r.exit_code == 0
+    for cmd in ("ask", "demo", "serve", "synth"):
+        assert cmd in r.output
+
+
+@pytest.mark.parametrize("mode", ["parallel", "sequential", "inline", "none"])
+def test_ask_end_to_end_on_synth_video(tiny_dir, synth_video, tmp_path, mode):
+    trace, png = tmp_path / "t.json", tmp_path / "t.png"
+    r = runner.invoke(app, ["ask", str(synth_video), "What colour was the circle?", "--model", str(tiny_dir),
+                            "--mode", mode, "--frames", "8", "--max-new-tokens", "16", "--json", str(trace),
+                            "--timeline", str(png), "--question-type", "oe"])
+    assert r.exit_code == 0, r.output
+    ep = json.loads(trace.read_text())
+    assert ep["config"]["mode"] == mode and len(ep["overview_times"]) == 8
+    assert png.stat().st_size > 1000
+
+
+def test_ask_missing_video_is_a_clear_error(tiny_dir, tmp_path):
+    r = runner.invoke(app, ["ask", str(tmp_path / "nope.mp4"), "Q?", "--model", str(tiny_dir)])
+    assert r.exit_code == 2 and "no such file" in r.output
+
+
+def test_ask_bad_model_path_is_a_clear_error(synth_video, tmp_path):
+    r = runner.invoke(app, ["ask", str(synth_video), "Q?", "--model", str(tmp_path / "no-model")])
+    assert r.exit_code == 2 and "does not exist" in r.output
+
+
+def test_ask_dead_server_is_a_clear_error(synth_video):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run([sys.executable, "-m", "paravt", "ask", str(synth_video), "Q?", "--model",
+                        f"http://127.0.0.1:{port}", "--frames", "4"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "unreachable" in r.stderr
+
+
+def test_synth_command_validates(tmp_path):
+    r = runner.invoke(app, ["synth", "--out", str(tmp_path), "--n", "3", "--split", "holdout"])
+    assert r.exit_code == 2 and "split" in r.output
