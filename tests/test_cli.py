@@ -70,3 +70,28 @@ def test_ask_dead_server_is_a_clear_error(synth_video):
 def test_synth_command_validates(tmp_path):
     r = runner.invoke(app, ["synth", "--out", str(tmp_path), "--n", "3", "--split", "holdout"])
     assert r.exit_code == 2 and "split" in r.output
+
+
+def test_eval_run_resume_and_report(tiny_dir, tmp_path):
+    from paravt.synth.dataset import SynthConfig, build_split
+
+    build_split(tmp_path / "s", SynthConfig(n=4, seed=2, split="test", min_len=60, max_len=80))
+    base = ["eval", "--bench", "synthvt", "--data", str(tmp_path / "s"), "--model", str(tiny_dir), "--frames", "4",
+            "--max-new-tokens", "8", "--concurrency", "2"]
+    for mode in ("parallel", "none"):
+        r = runner.invoke(app, base + ["--mode", mode, "--out", str(tmp_path / mode), "--limit", "2"])
+        assert r.exit_code == 0, r.output
+    r = runner.invoke(app, base + ["--mode", "parallel", "--out", str(tmp_path / "parallel")])  # resume: 2 more
+    assert r.exit_code == 0, r.output
+    assert len((tmp_path / "parallel" / "results.jsonl").read_text().splitlines()) == 4
+    r = runner.invoke(app, base + ["--mode", "inline", "--out", str(tmp_path / "parallel")])
+    assert r.exit_code == 2 and "other settings" in r.output
+    png = tmp_path / "cmp.png"
+    r = runner.invoke(app, ["eval", "report", str(tmp_path / "parallel"), str(tmp_path / "none"), "--plot", str(png)])
+    assert r.exit_code == 0, r.output
+    assert png.stat().st_size > 1000 and "parallel" in r.output
+
+
+def test_eval_requires_arguments():
+    r = runner.invoke(app, ["eval", "--bench", "synthvt"])
+    assert r.exit_code == 2 and "required" in r.output

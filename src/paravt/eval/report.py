@@ -7,8 +7,8 @@ from pathlib import Path
 
 from paravt.eval.metrics import headline
 
-COLUMNS = ("n", "errors", "mean_tool_calls", "tool_usage_rate", "parse_problem_rate", "latency_p50_s",
-           "mean_main_visual_tokens")
+COLUMNS = {"n": "n", "errors": "err", "mean_tool_calls": "calls", "tool_usage_rate": "tool %",
+           "parse_problem_rate": "parse %", "latency_p50_s": "p50 s", "mean_main_visual_tokens": "vis tok"}
 
 
 def load_run(d: Path) -> tuple[str, dict]:
@@ -23,13 +23,13 @@ def compare(dirs: list[str | Path], plot: str | Path | None = None):
 
     runs = [load_run(Path(d)) for d in dirs]
     table = Table(title="eval runs")
-    table.add_column("run")
-    table.add_column("score")
-    for c in COLUMNS:
-        table.add_column(c)
+    table.add_column("run", no_wrap=True)
+    table.add_column("score", no_wrap=True)
+    for label in COLUMNS.values():
+        table.add_column(label)
     for name, s in runs:
         metric, value = headline(s)
-        table.add_row(name, f"{metric} {value:.1f}", *[f"{s.get(c, 0):.2f}" if isinstance(s.get(c), float)
+        table.add_row(name, f"{metric} {value:.1f}", *[f"{s.get(c, 0):.1f}" if isinstance(s.get(c), float)
                                                         else str(s.get(c, "")) for c in COLUMNS])
     if plot:
         import matplotlib
