@@ -5,6 +5,8 @@ Heavy imports (torch, transformers, av) happen inside the commands, so `paravt -
 
 from __future__ import annotations
 
+import json
+
 import typer
 
 app = typer.Typer(
@@ -167,3 +169,24 @@ def eval_report(
     table, _ = compare(runs, plot)
     Console().print(table)
     typer.echo(f"plot: {plot}")
+
+
+train_app = typer.Typer(help="Training: cold-start SFT (PARA-GRPO: not yet).", no_args_is_help=True)
+app.add_typer(train_app, name="train")
+
+
+@train_app.command("sft")
+def train_sft_cmd(
+    config: str = typer.Option(None, help="YAML config (see src/paravt/configs/)."),
+    set_: list[str] = typer.Option([], "--set", help="Override a config key: --set steps=10"),
+) -> None:
+    """Cold-start SFT on trajectory rows (SynthVT oracle rows or ParaVT SFT rows). Resumes from OUT/checkpoint."""
+    from paravt.train.sft import SFTConfig, train_sft
+
+    try:
+        cfg = SFTConfig.load(config, set_)
+        last = train_sft(cfg)
+    except (ValueError, FileNotFoundError) as e:
+        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+    typer.echo(json.dumps(last))
