@@ -4,64 +4,139 @@ import pytest
 import torch
 
 from paravt import protocol as P
+from paravt.backends.base import Message
 from paravt.backends.hf import Renderer
-from paravt.models.tiny import build_tiny
+from paravt.models import load_model
+from paravt.models.tiny import build_tiny, save_pretrained
 from paravt.synth.dataset import SynthConfig, build_split
-from paravt.train.sft import IGNORE, SFTConfig, encode_row, train_sft
+from paravt.train.checkpoint import load_state
+from paravt.train.config import ConfigError
+from paravt.train.logging import read_log
+from paravt.train.sft import SFTConfig, encode_row, sample_index, train_sft
+from paravt.video import VideoReader
 from videotools import make_test_video
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    model, processor = build_tiny(seed=0)
+    return save_pretrained(model, processor, tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="module")
+def renderer(tiny_dir):
+    _, processor = load_model(str(tiny_dir), device="cpu")
+    return Renderer(processor)
 
 
 @pytest.fixture(scope="module")
 def split(tmp_path_factory):
     out = tmp_path_factory.mktemp("sft") / "train"
-    build_split(out, SynthConfig(n=6, seed=4, split="train", min_len=60, max_len=80, oracle_k=(4,)))
+    build_split(out, SynthConfig(n=4, seed=4, split="train", min_len=40, max_len=50, oracle_k=(4,)))
     return out
 
 
-def test_labels_cover_assistant_tokens_only(tmp_path):
-    _, processor = build_tiny()
-    r = Renderer(processor)
-    make_test_video(tmp_path / "v.mp4", seconds=10, fps=2)
-    row = {"video": "v.mp4", "messages": [
+def _row(video: str) -> dict:
+    return {"id": "r", "video": video, "messages": [
         {"role": "system", "content": [{"type": "text", "text": "sys"}]},
         {"role": "user", "content": [{"type": "text", "text": "<1.0 seconds>"}, {"type": "frame", "time": 1.0},
                                      {"type": "text", "text": "Q?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": P.THINK_PREFIX + "look.</think>\n"
+                                           + P.format_tool_call(2, 5)}]},
+        {"role": "user", "content": P.format_tool_response("a red circle at 3 s")},
         {"role": "assistant", "content": [{"type": "text", "text": P.THINK_PREFIX + "red.</think><answer>A</answer>"}]},
     ]}
-    ex = encode_row(row, r, tmp_path)
-    trained = [t for t, l in zip(ex.ids, ex.labels) if l != IGNORE]
-    assert trained == r.encode("red.</think><answer>A</answer>") + [r.im_end]
-    assert len(ex.images) == 1 and ex.ids.count(r.image_pad) == r.image_tokens(ex.images[0])
-    # the forced prefix is present in the input but not a target
-    think = r.encode(P.THINK_PREFIX)
-    i = ex.ids.index(think[0])
-    assert all(l == IGNORE for l in ex.labels[i:i + len(think)])
 
 
-def test_two_steps_change_parameters_and_resume(split, tmp_path):
-    cfg = SFTConfig(model="tiny", data=str(split / "sft.parquet"), out=str(tmp_path / "run"), steps=2, log_every=1,
-                    save_every=2, lr=1e-3, warmup_steps=0)
-    before, _ = build_tiny(seed=0)
+def test_mask_covers_assistant_tokens_only_and_ids_match_inference(tmp_path, renderer):
+    r = renderer
+    make_test_video(tmp_path / "v.mp4", seconds=10, fps=2)
+    ex = encode_row(_row("v.mp4"), r, tmp_path)
+    trained = [t for t, m in zip(ex.ids, ex.mask) if m]
+    first = r.encode("look.</think>\n" + P.format_tool_call(2, 5)) + [r.im_end]
+    second = r.encode("red.</think><answer>A</answer>") + [r.im_end]
+    assert trained == first + second
+    # everything else is masked: headers, system, frame, timestamps, tool response, the forced prefixes
+    untrained = [t for t, m in zip(ex.ids, ex.mask) if not m]
+    assert untrained.count(r.image_pad) == r.image_tokens(ex.images[0]) and len(ex.images) == 1
+    assert sum(1 for t in untrained if t == r.encode(P.THINK_PREFIX)[0]) == 2
+    # the context before the first target is exactly what the episode feeds the model at inference
+    frame = VideoReader(tmp_path / "v.mp4").frames_at([1.0])[0]
+    from paravt.backends.base import ImagePart, TextPart
+
+    msgs = [Message("system", "sys"), Message("user", [TextPart("<1.0 seconds>"), ImagePart(frame.image, 1.0), TextPart("Q?")])]
+    prompt = r.render(msgs, prefix=P.THINK_PREFIX).ids
+    assert ex.ids[: len(prompt)] == prompt and ex.mask[len(prompt)] == 1 and not any(ex.mask[: len(prompt)])
+
+
+def test_video_placeholder_becomes_timestamped_overview(tmp_path, renderer):
+    make_test_video(tmp_path / "v.mp4", seconds=10, fps=2)
+    row = {"videos": [{"video": "v.mp4"}], "messages": [
+        {"role": "user", "content": "<video>\nWhat colour?"}, {"role": "assistant", "content": "red"}]}
+    ex = encode_row(row, renderer, tmp_path, max_frames=4)
+    assert len(ex.images) == 4
+    text = renderer.tok.decode(ex.ids)
+    assert text.count("seconds>") == 4 and "What colour?" in text
+    assert [t for t, m in zip(ex.ids, ex.mask) if m] == renderer.encode("red") + [renderer.im_end]
+
+
+def test_two_steps_change_parameters_then_resume(split, tiny_dir, tmp_path):
+    cfg = SFTConfig(model=str(tiny_dir), data=str(split / "sft.parquet"), out=str(tmp_path / "run"), steps=2,
+                    batch_size=2, micro_batch_size=2, log_every=1, save_every=2, lr=1e-3, warmup_steps=0, device="cpu",
+                    threads=1)
     last = train_sft(cfg)
     assert last["step"] == 2 and torch.isfinite(torch.tensor(last["loss"])) and last["target_tokens"] > 0
-    from paravt.models import load_model
-
-    after, _ = load_model(str(tmp_path / "run" / "checkpoint"))
-    changed = [n for (n, a), (_, b) in zip(before.state_dict().items(), after.state_dict().items()) if not torch.equal(a, b)]
-    assert changed
+    before, _ = load_model(str(tiny_dir), device="cpu")
+    after, _ = load_model(str(tmp_path / "run" / "checkpoint"), device="cpu")
+    b = before.state_dict()
+    changed = [n for n, t in after.state_dict().items() if not torch.equal(t, b[n])]
+    assert len(changed) > 10
     cfg.steps = 3
-    assert train_sft(cfg)["step"] == 3  # resumed from step 2, one more step
-    lines = [json.loads(l) for l in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
-    assert [l["step"] for l in lines] == [1, 2, 3]
+    assert train_sft(cfg)["step"] == 3  # resumed at step 2, one more step
+    assert load_state(tmp_path / "run")["step"] == 3
+    assert [rec["step"] for rec in read_log(tmp_path / "run")] == [1, 2, 3]
     assert list((tmp_path / "run" / "tb").glob("events.*"))
+    json.loads((tmp_path / "run" / "config.json").read_text())
 
 
-def test_config_from_yaml_with_overrides(tmp_path):
+def test_sample_order_is_a_seeded_permutation_per_epoch():
+    n = 7
+    epoch0 = [sample_index(0, j, n, n, seed=3) for j in range(n)]
+    assert sorted(epoch0) == list(range(n))
+    assert epoch0 == [sample_index(0, j, n, n, seed=3) for j in range(n)]
+    assert epoch0 != [sample_index(0, j, n, n, seed=4) for j in range(n)]
+    assert sorted(sample_index(1, j, n, n, seed=3) for j in range(n)) == list(range(n))
+
+
+def test_config_from_yaml_with_overrides_and_clear_errors(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("steps: 5\nlr: 1.0e-4\n")
-    cfg = SFTConfig.load(p, ["steps=7", "include_subagents=false"])
-    assert cfg.steps == 7 and cfg.lr == 1e-4 and cfg.include_subagents is False
-    with pytest.raises(ValueError, match="unknown SFT config keys: stepz"):
+    cfg = SFTConfig.load(p, ["steps=7", "include_subagents=false", "betas=[0.9, 0.95]"])
+    assert cfg.steps == 7 and cfg.lr == 1e-4 and cfg.include_subagents is False and cfg.betas == (0.9, 0.95)
+    with pytest.raises(ConfigError, match="unknown config key.*stepz"):
         SFTConfig.load(None, ["stepz=3"])
-    with pytest.raises(ValueError, match="lr"):
-        SFTConfig(lr=0)
+    with pytest.raises(ConfigError, match="steps: expected an integer"):
+        SFTConfig.load(None, ["steps=many"])
+    with pytest.raises(ConfigError, match="lr must be > 0"):
+        SFTConfig.load(None, ["lr=0"])
+    with pytest.raises(ConfigError, match="lr_schedule must be one of"):
+        SFTConfig.load(None, ["lr_schedule=linear"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        SFTConfig.load(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="key=value"):
+        SFTConfig.load(None, ["steps"])
+
+
+def test_shipped_sft_configs_load():
+    from pathlib import Path
+
+    import paravt
+
+    for p in sorted((Path(paravt.__file__).parent / "configs").glob("sft_*.yaml")):
+        SFTConfig.load(p)
+
+
+def test_one_process_can_train_with_different_precisions():
+    from paravt.train.sft import make_accelerator
+
+    assert [make_accelerator("cpu", mp).mixed_precision for mp in ("no", "bf16", "no")] == ["no", "bf16", "no"]

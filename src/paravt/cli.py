@@ -171,22 +171,34 @@ def eval_report(
     typer.echo(f"plot: {plot}")
 
 
-train_app = typer.Typer(help="Training: cold-start SFT (PARA-GRPO: not yet).", no_args_is_help=True)
+train_app = typer.Typer(help="Training: cold-start SFT and PARA-GRPO (configs in src/paravt/configs/).",
+                        no_args_is_help=True)
 app.add_typer(train_app, name="train")
+_OVERRIDE = typer.Option([], "--override", "--set", "-o",
+                         help="Override a config key, dotted for sections: -o steps=10 -o episode.max_turns=2")
 
 
-@train_app.command("sft")
-def train_sft_cmd(
-    config: str = typer.Option(None, help="YAML config (see src/paravt/configs/)."),
-    set_: list[str] = typer.Option([], "--set", help="Override a config key: --set steps=10"),
-) -> None:
-    """Cold-start SFT on trajectory rows (SynthVT oracle rows or ParaVT SFT rows). Resumes from OUT/checkpoint."""
-    from paravt.train.sft import SFTConfig, train_sft
+def _train(kind: str, config: str | None, overrides: list[str]) -> None:
+    from paravt.train import run_training
 
     try:
-        cfg = SFTConfig.load(config, set_)
-        last = train_sft(cfg)
+        last = run_training(kind, config, overrides)
     except (ValueError, FileNotFoundError) as e:
         typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
     typer.echo(json.dumps(last))
+
+
+@train_app.command("sft")
+def train_sft_cmd(config: str = typer.Option(None, help="YAML config, e.g. src/paravt/configs/sft_tiny.yaml"),
+                  override: list[str] = _OVERRIDE) -> None:
+    """Cold-start SFT on trajectory rows (SynthVT oracle rows or ParaVT SFT rows). Resumes from OUT/checkpoint."""
+    _train("sft", config, override)
+
+
+@train_app.command("grpo")
+def train_grpo_cmd(config: str = typer.Option(None, help="YAML config, e.g. src/paravt/configs/grpo_tiny.yaml"),
+                   override: list[str] = _OVERRIDE) -> None:
+    """PARA-GRPO (nFrames gating, Exploration Anchoring; vanilla GRPO with gating=false anchoring=off).
+    Resumes from OUT/checkpoint."""
+    _train("grpo", config, override)

@@ -1,221 +1,381 @@
-"""Cold-start SFT on trajectory rows (SynthVT oracle rows, or ParaVT SFT rows in the same shape).
+"""Cold-start SFT on trajectory rows (SynthVT oracle rows, or ParaVT-Parquet SFT rows).
 
-A row is a conversation whose user turns hold `{"type": "frame", "time": t}` parts; the frames
-are decoded from the row's video at those times, so training sees the pixels inference sees.
-Loss is on assistant tokens only. A forced `<think>\n` prefix at the start of an assistant turn
-is tokenized the way the episode feeds it (separately, as prompt) and is masked out.
+A row is a conversation ({"video", "messages": [{"role", "content": [{"type": "text", "text"} |
+{"type": "frame", "time": t}]}]}, "kind": "main" | "sub"). Frames are decoded from the row's
+video at the given times, so training sees the pixels inference sees; a `<video>` placeholder in
+a text (ParaVT-Parquet style) becomes K timestamped overview frames, as the episode builds them.
+Rows are rendered by the hf backend's own Renderer (the one rollouts and inference use), so the
+ids trained on are the ids the model is later prompted with. Loss is on assistant tokens only; a
+forced `<think>\\n` at the start of an assistant turn is prompt at inference, so it is masked.
 
 Written by hand rather than with TRL's SFTTrainer: rows carry frame times that must be decoded
-from video and interleaved as Qwen3-VL image tokens with our own renderer (the same one the
-backend uses), which is the part the generic trainer does not do.
+and interleaved as Qwen3-VL image tokens by our renderer, which the generic trainer does not do.
+The update goes through `accelerate` (device placement, bf16 autocast, DDP under
+`accelerate launch`); the default is one CPU process.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import random
 import time
-from dataclasses import asdict, dataclass, field, fields
+from collections import OrderedDict
+from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import Any
 
 from paravt import protocol as P
-from paravt.backends.hf import Renderer, model_inputs
+from paravt.train.config import ConfigError, load_config, to_dict
+from paravt.train.sequences import TrainSequence
 
-IGNORE = -100
+VIDEO_PLACEHOLDER = "<video>"
 
 
 @dataclass
 class SFTConfig:
     model: str = "tiny"  # "tiny" (fresh tiny Qwen3-VL), or a checkpoint dir / cached hub id
+    tiny_size: str = "tiny"  # tiny | small (when model == "tiny")
     data: str = "data/synth_train/sft.parquet"
     video_root: str | None = None  # default: the data file's directory
     out: str = "runs/sft"
     steps: int = 500
-    batch_size: int = 1  # rows per optimizer step (gradient accumulation over rows)
+    batch_size: int = 8  # rows per optimizer step (over all processes)
+    micro_batch_size: int = 1  # rows per forward pass
     lr: float = 2e-5
+    lr_schedule: str = "cosine"  # cosine | constant
     warmup_steps: int = 20
     weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = 1.0
-    max_frames: int = 64
+    max_frames: int = 64  # rows with more frames are skipped; also K for a <video> placeholder
     include_subagents: bool = True
+    dtype: str = "fp32"  # parameter dtype: fp32 | bf16
+    mixed_precision: str = "no"  # no | bf16 (autocast through accelerate)
+    device: str = "auto"  # auto (cuda if available) | cpu | cuda
+    freeze_vision: bool = False
+    threads: int = 0  # torch CPU threads for this run (0: torch default; 1 is fastest on a busy shared CPU)
     seed: int = 0
-    log_every: int = 10
+    log_every: int = 1
     save_every: int = 100
-    tiny_size: str = "tiny"
+    keep_checkpoints: bool = False  # also keep OUT/step_<n> snapshots
 
     def __post_init__(self) -> None:
-        if self.steps < 1 or self.batch_size < 1:
-            raise ValueError("steps and batch_size must be >= 1")
-        if self.lr <= 0:
-            raise ValueError("lr must be > 0")
+        for name in ("steps", "batch_size", "micro_batch_size", "max_frames", "log_every", "save_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.warmup_steps < 0 or self.weight_decay < 0 or not self.grad_clip > 0:
+            raise ValueError("need warmup_steps >= 0, weight_decay >= 0, grad_clip > 0")
+        _check_choice("lr_schedule", self.lr_schedule, ("cosine", "constant"))
+        _check_choice("dtype", self.dtype, ("fp32", "bf16"))
+        _check_choice("mixed_precision", self.mixed_precision, ("no", "bf16"))
+        _check_choice("device", self.device, ("auto", "cpu", "cuda"))
 
     @classmethod
     def load(cls, path: str | Path | None = None, overrides: list[str] | None = None) -> "SFTConfig":
-        import yaml
-
-        data = yaml.safe_load(Path(path).read_text()) if path else {}
-        data = data or {}
-        for item in overrides or []:
-            if "=" not in item:
-                raise ValueError(f"override {item!r} must look like key=value")
-            k, v = item.split("=", 1)
-            data[k] = yaml.safe_load(v)
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"unknown SFT config keys: {', '.join(sorted(unknown))} (known: {', '.join(sorted(known))})")
-        return cls(**data)
+        return load_config(cls, path, overrides)
 
 
-@dataclass
-class Example:
-    ids: list[int]
-    labels: list[int]
-    images: list = field(default_factory=list)
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
 
 
-def encode_row(row: dict, renderer: Renderer, video_root: Path, max_frames: int = 64) -> Example:
-    """Token ids, labels (assistant tokens only) and decoded frames of one conversation row."""
-    from paravt.video import VideoReader
+# ----------------------------------------------------------------------------------------------
+# rows -> messages -> ids
 
-    times = [p["time"] for m in row["messages"] for p in m["content"] if isinstance(p, dict) and p.get("type") == "frame"]
-    if len(times) > max_frames * 4:
-        raise ValueError(f"row {row.get('id')}: {len(times)} frames is over the limit")
-    frames = VideoReader(video_root / row["video"]).frames_at(times) if times else []
-    by_time = iter(frames)
-    ids: list[int] = []
-    labels: list[int] = []
-    images = []
 
-    def add(tokens: list[int], train: bool) -> None:
-        ids.extend(tokens)
-        labels.extend(tokens if train else [IGNORE] * len(tokens))
+def row_video(row: dict) -> str:
+    """The row's video path as written in the row (relative to the video root)."""
+    if row.get("video"):
+        return str(row["video"])
+    videos = row.get("videos")
+    if videos:
+        v = videos[0]
+        return str(v["video"] if isinstance(v, dict) else v)
+    raise ConfigError(f"row {row.get('id', '?')}: no video (need a 'video' or 'videos' field)")
 
+
+def _parts(content: Any) -> list[dict]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        raise ValueError(f"message content must be a string or a list of parts, got {type(content).__name__}")
+    return content
+
+
+def row_frame_count(row: dict, max_frames: int) -> int:
+    n = 0
     for m in row["messages"]:
-        add(renderer._header(m["role"]), False)
-        content = m["content"]
-        if isinstance(content, str):
-            content = [{"type": "text", "text": content}]
-        if m["role"] == "assistant":
-            text = "".join(p.get("text", "") for p in content)
-            if text.startswith(P.THINK_PREFIX):  # forced at inference: prompt, not target
-                add(renderer.encode(P.THINK_PREFIX), False)
-                text = text[len(P.THINK_PREFIX):]
-            add(renderer.encode(text) + [renderer.im_end], True)
-            add(renderer.newline, False)
-            continue
-        for p in content:
+        for p in _parts(m["content"]):
             if p.get("type") == "frame":
-                f = next(by_time)
-                n = renderer.image_tokens(f.image)
-                add([renderer.vision_start] + [renderer.image_pad] * n + [renderer.vision_end], False)
-                images.append(f.image)
+                n += 1
+            elif p.get("type") == "text":
+                n += p.get("text", "").count(VIDEO_PLACEHOLDER) * max_frames
+    return n
+
+
+def row_messages(row: dict, reader, max_frames: int = 64) -> list:
+    """The row as backend Messages with decoded frames (each frame keeps its timestamp text
+    exactly as the row wrote it; a `<video>` placeholder becomes timestamped overview frames)."""
+    from paravt.agent import frame_parts
+    from paravt.backends.base import ImagePart, Message, TextPart
+
+    times = [float(p["time"]) for m in row["messages"] for p in _parts(m["content"]) if p.get("type") == "frame"]
+    frames = iter(reader.frames_at(times) if times else [])
+    out = []
+    for m in row["messages"]:
+        role = m.get("role")
+        if role not in ("system", "user", "assistant"):
+            raise ValueError(f"row {row.get('id', '?')}: unknown role {role!r}")
+        parts: list = []
+        for p in _parts(m["content"]):
+            kind = p.get("type")
+            if kind == "frame":
+                f = next(frames)
+                parts.append(ImagePart(f.image, timestamp=f.timestamp))
+            elif kind == "text":
+                pieces = p.get("text", "").split(VIDEO_PLACEHOLDER)
+                for i, piece in enumerate(pieces):
+                    if i:
+                        parts += frame_parts(reader.overview(max_frames))
+                    if piece:
+                        parts.append(TextPart(piece))
             else:
-                add(renderer.encode(p.get("text", "")), False)
-        add([renderer.im_end] + renderer.newline, False)
-    return Example(ids=ids, labels=labels, images=images)
+                raise ValueError(f"row {row.get('id', '?')}: unknown content part type {kind!r}")
+        out.append(Message(role, parts))
+    return out
 
 
-def example_loss(model, renderer: Renderer, ex: Example) -> torch.Tensor:
-    inputs = model_inputs(model, renderer, [ex.ids], [ex.images])
-    labels = torch.tensor([ex.labels], device=model.device)
-    out = model(**inputs, labels=labels, use_cache=False)
-    return out.loss
+def encode_messages(messages: list, renderer) -> TrainSequence:
+    """Ids, assistant-only mask and frames of a conversation, rendered segment by segment with the
+    backend's Renderer. An assistant turn is inserted as ids (prefix + target + <|im_end|>), the
+    way the episode inserts a generated turn into the next context."""
+    from paravt.backends.base import Message
+
+    ids: list[int] = []
+    mask: list[int] = []
+    images: list = []
+    for m in messages:
+        if m.role == "assistant":
+            text = m.text()
+            prefix = P.THINK_PREFIX if text.startswith(P.THINK_PREFIX) else ""
+            prefix_ids = renderer.encode(prefix)
+            target = renderer.encode(text[len(prefix):]) + [renderer.im_end]
+            r = renderer.render([Message("assistant", text, token_ids=prefix_ids + target)], add_generation_prompt=False)
+            head = len(r.ids) - len(target) - len(renderer.newline)
+            if r.ids[head:head + len(target)] != target:  # the renderer must insert assistant ids verbatim
+                raise RuntimeError("renderer did not insert assistant ids verbatim")
+            ids += r.ids
+            mask += [0] * head + [1] * len(target) + [0] * len(renderer.newline)
+        else:
+            r = renderer.render([m], add_generation_prompt=False)
+            ids += r.ids
+            mask += [0] * len(r.ids)
+            images += r.images
+    zeros = [0.0] * len(ids)
+    return TrainSequence(ids=ids, mask=mask, old_logprobs=zeros, advantages=list(zeros), images=images, kind="sft")
 
 
-def _load_model(cfg: SFTConfig):
-    if cfg.model == "tiny":
-        from paravt.models.tiny import build_tiny
+class _Readers:
+    """A few open VideoReaders (a main row and its sub rows share one video)."""
 
-        return build_tiny(seed=cfg.seed, size=cfg.tiny_size)
-    from paravt.models import load_model
+    def __init__(self, size: int = 8):
+        self.size = size
+        self._open: OrderedDict[str, Any] = OrderedDict()
 
-    return load_model(cfg.model)
+    def get(self, path: Path):
+        from paravt.video import VideoReader
+
+        key = str(path)
+        if key in self._open:
+            self._open.move_to_end(key)
+            return self._open[key]
+        reader = VideoReader(path)
+        self._open[key] = reader
+        if len(self._open) > self.size:
+            self._open.popitem(last=False)[1].close()
+        return reader
+
+    def close(self) -> None:
+        for r in self._open.values():
+            r.close()
+        self._open.clear()
+
+
+def encode_row(row: dict, renderer, video_root: str | Path, max_frames: int = 64, readers: _Readers | None = None) -> TrainSequence:
+    """One SFT row -> a TrainSequence (mask on assistant tokens)."""
+    path = Path(video_root) / row_video(row)
+    own = readers is None
+    readers = readers or _Readers()
+    try:
+        return encode_messages(row_messages(row, readers.get(path), max_frames), renderer)
+    finally:
+        if own:
+            readers.close()
+
+
+def load_rows(cfg: SFTConfig) -> list[dict]:
+    from paravt.synth.dataset import load_sft_rows
+
+    path = Path(cfg.data)
+    if not path.is_file():
+        raise FileNotFoundError(f"SFT data {path} does not exist (make it with `paravt synth --split train`)")
+    rows = load_sft_rows(path)
+    for i, r in enumerate(rows):
+        if not isinstance(r.get("messages"), list) or not r["messages"]:
+            raise ConfigError(f"{path} row {i}: no messages")
+    if not cfg.include_subagents:
+        rows = [r for r in rows if r.get("kind") != "sub"]
+    return rows
+
+
+def sample_index(step: int, j: int, batch_size: int, n: int, seed: int) -> int:
+    """Row of the j-th example of `step`: epochs walk through a fresh seeded permutation each,
+    a pure function of (seed, step), so resuming needs no RNG state."""
+    import numpy as np
+
+    g = step * batch_size + j
+    epoch, pos = divmod(g, n)
+    return int(np.random.default_rng([seed, epoch]).permutation(n)[pos])
+
+
+# ----------------------------------------------------------------------------------------------
+# training
+
+
+def _scheduler(opt, kind: str, warmup: int, total: int):
+    from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
+
+    if kind == "cosine":
+        return get_cosine_schedule_with_warmup(opt, warmup, total)
+    return get_constant_schedule_with_warmup(opt, warmup)
+
+
+def make_accelerator(device: str, mixed_precision: str):
+    """The run's Accelerator. accelerate keeps one process-wide state that refuses a second
+    precision setting; a single process may train several times (tests, sweeps, notebooks), so
+    outside a distributed launch the state is reset first."""
+    import os
+
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    return Accelerator(mixed_precision=mixed_precision, cpu=device == "cpu")
 
 
 def train_sft(cfg: SFTConfig, console=None) -> dict:
-    """Run (or resume) SFT; returns the last logged metrics. Checkpoints and logs go to cfg.out."""
+    """Run (or resume) SFT; returns the last step's metrics. Checkpoints and logs go to cfg.out."""
+    from paravt.train.checkpoint import torch_threads
+
+    with torch_threads(cfg.threads):
+        return _train_sft(cfg, console)
+
+
+def _train_sft(cfg: SFTConfig, console=None) -> dict:
+    import torch
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-    from torch.utils.tensorboard import SummaryWriter
-    from transformers import get_cosine_schedule_with_warmup
 
-    from paravt.models import load_model
-    from paravt.models.tiny import save_pretrained
-    from paravt.synth.dataset import load_sft_rows
+    from paravt.backends.hf import Renderer
+    from paravt.train.checkpoint import checkpoint_dir, has_checkpoint, load_policy, load_state, save_checkpoint
+    from paravt.train.logging import RunLogger
+    from paravt.train.sequences import collate, micro_batches, token_logprobs
 
     console = console or Console()
+    acc = make_accelerator(cfg.device, cfg.mixed_precision)
+    world, rank = acc.num_processes, acc.process_index
+    if cfg.batch_size % world:
+        raise ConfigError(f"batch_size {cfg.batch_size} must be a multiple of the {world} processes")
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    ckpt = out / "checkpoint"
-    state_path = ckpt / "trainer_state.pt"
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    if state_path.exists():
-        model, processor = load_model(str(ckpt))
-        console.print(f"[dim]resuming from {ckpt}[/dim]")
-    else:
-        model, processor = _load_model(cfg)
-    model.train()
-    renderer = Renderer(processor)
-    data_path = Path(cfg.data)
-    root = Path(cfg.video_root) if cfg.video_root else data_path.parent
-    rows = load_sft_rows(data_path)
-    if not cfg.include_subagents:
-        rows = [r for r in rows if r.get("kind") != "sub"]
+    rows = load_rows(cfg)
+    root = Path(cfg.video_root) if cfg.video_root else Path(cfg.data).parent
+    too_big = [i for i, r in enumerate(rows) if row_frame_count(r, cfg.max_frames) > cfg.max_frames]
+    if too_big:
+        console.print(f"[yellow]skipping {len(too_big)} rows with more than {cfg.max_frames} frames[/yellow]")
+        rows = [r for i, r in enumerate(rows) if i not in set(too_big)]
     if not rows:
-        raise ValueError(f"{data_path} holds no rows")
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), weight_decay=cfg.weight_decay)
-    sched = get_cosine_schedule_with_warmup(opt, cfg.warmup_steps, cfg.steps)
+        raise ConfigError(f"{cfg.data} holds no usable rows")
+
+    resume = has_checkpoint(out)
+    torch.manual_seed(cfg.seed)
+    source = str(checkpoint_dir(out)) if resume else cfg.model
+    model, processor = load_policy(source, seed=cfg.seed, tiny_size=cfg.tiny_size, device=str(acc.device), dtype=cfg.dtype)
+    if cfg.freeze_vision:
+        model.model.visual.requires_grad_(False)
+    renderer = Renderer(processor)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    sched = _scheduler(opt, cfg.lr_schedule, cfg.warmup_steps, cfg.steps)
     step = 0
-    if state_path.exists():
-        state = torch.load(state_path, weights_only=False)
+    if resume:
+        state = load_state(out)
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
-        step = state["step"]
-        random.setstate(state["python_rng"])
-    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
-    writer = SummaryWriter(str(out / "tb"))
-    log = open(out / "log.jsonl", "a")
-    order: list[int] = []
+        step = int(state["step"])
+        console.print(f"[dim]resuming from {checkpoint_dir(out)} at step {step}[/dim]")
+    wrapped, opt, sched = acc.prepare(model, opt, sched)
+    base = acc.unwrap_model(wrapped)
+    base.train()
+    if acc.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        import json
+
+        (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
+    log = RunLogger(out, "sft", resume_step=step, enabled=acc.is_main_process)
+    readers = _Readers()
+    per_rank = cfg.batch_size // world
     last: dict = {}
-    t_start = time.perf_counter()
-    with Progress(TextColumn("SFT"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
-                  TimeRemainingColumn(), console=console) as progress:
-        task = progress.add_task("sft", total=cfg.steps, completed=step, loss="")
-        while step < cfg.steps:
-            opt.zero_grad(set_to_none=True)
-            total, n_tok = 0.0, 0
-            for _ in range(cfg.batch_size):
-                if not order:
-                    order = list(range(len(rows)))
-                    random.shuffle(order)
-                ex = encode_row(rows[order.pop()], renderer, root, cfg.max_frames)
-                loss = example_loss(model, renderer, ex) / cfg.batch_size
-                loss.backward()
-                total += float(loss.detach())
-                n_tok += sum(1 for x in ex.labels if x != IGNORE)
-            if not math.isfinite(total):
-                raise FloatingPointError(f"loss is {total} at step {step}")
-            gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
-            opt.step()
-            sched.step()
-            step += 1
-            last = {"step": step, "loss": total, "grad_norm": gnorm, "lr": sched.get_last_lr()[0],
-                    "target_tokens": n_tok, "elapsed_s": time.perf_counter() - t_start}
-            if step % cfg.log_every == 0 or step == cfg.steps:
-                log.write(json.dumps(last) + "\n")
-                log.flush()
-                for k in ("loss", "grad_norm", "lr"):
-                    writer.add_scalar(f"sft/{k}", last[k], step)
-            progress.update(task, completed=step, loss=f"loss {total:.3f}")
-            if step % cfg.save_every == 0 or step == cfg.steps:
-                save_pretrained(model, processor, ckpt)
-                torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "step": step,
-                            "python_rng": random.getstate()}, state_path)
-    log.close()
-    writer.close()
+    t_run = time.perf_counter()
+    try:
+        with Progress(TextColumn("SFT"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                      TimeRemainingColumn(), console=console, disable=not acc.is_main_process) as progress:
+            task = progress.add_task("sft", total=cfg.steps, completed=step, info="")
+            while step < cfg.steps:
+                t0 = time.perf_counter()
+                idx = [sample_index(step, j, cfg.batch_size, len(rows), cfg.seed) for j in range(cfg.batch_size)]
+                mine = idx[rank * per_rank:(rank + 1) * per_rank]
+                seqs = [encode_row(rows[i], renderer, root, cfg.max_frames, readers) for i in mine]
+                seqs = [s for s in seqs if s.n_trained > 0]
+                n_tok = sum(s.n_trained for s in seqs)
+                if n_tok == 0:
+                    raise ConfigError(f"step {step}: the batch's rows have no assistant tokens")
+                opt.zero_grad(set_to_none=True)
+                total = 0.0
+                groups = micro_batches(seqs, cfg.micro_batch_size)
+                for gi, group in enumerate(groups):
+                    batch = collate(base, renderer, group)
+                    sync = acc.no_sync(wrapped) if gi < len(groups) - 1 else nullcontext()
+                    with sync, acc.autocast():
+                        logp, _ = token_logprobs(wrapped, batch)
+                        loss = -(logp * batch.mask).sum() / n_tok
+                    acc.backward(loss)
+                    total += float(loss.detach())
+                if not math.isfinite(total):
+                    raise FloatingPointError(f"SFT loss is {total} at step {step}")
+                gnorm = float(acc.clip_grad_norm_(params, cfg.grad_clip))
+                opt.step()
+                sched.step()
+                step += 1
+                dt = time.perf_counter() - t0
+                last = {"step": step, "loss": total, "grad_norm": gnorm, "lr": sched.get_last_lr()[0],
+                        "target_tokens": n_tok, "tokens": sum(len(s.ids) for s in seqs),
+                        "tokens_per_s": sum(len(s.ids) for s in seqs) / dt, "step_time_s": dt,
+                        "elapsed_s": time.perf_counter() - t_run}
+                if step % cfg.log_every == 0 or step == cfg.steps:
+                    log.log(step, {k: v for k, v in last.items() if k != "step"})
+                progress.update(task, completed=step, info=f"loss {total:.3f}")
+                if step % cfg.save_every == 0 or step == cfg.steps:
+                    acc.wait_for_everyone()
+                    if acc.is_main_process:
+                        save_checkpoint(out, base, processor,
+                                        {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                                         "step": step, "config": to_dict(cfg), "kind": "sft"},
+                                        keep_as=f"step_{step:06d}" if cfg.keep_checkpoints else None)
+    finally:
+        readers.close()
+        log.close()
     return last

@@ -1,0 +1,187 @@
+"""Typed YAML configs for the trainers: dataclasses filled from YAML plus `key=value` overrides.
+
+Nested dataclasses (the episode and reward settings of a GRPO run) are addressed with dotted
+keys (`episode.max_turns=2`, `reward.w_fmt=0.5`). Every value is checked against the field's
+annotation so a typo or a wrong type fails at load time with the key's name, not hours later.
+Hand-written because the checks we need (dataclass annotations, nested dataclasses with their
+own `__post_init__` validation, dotted overrides) are a few dozen lines; pulling in a config
+framework for them would add a dependency and a second schema language.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not fit the config's schema; the message names the key."""
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """`value` checked (and where lossless, converted) to annotation `tp`."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, key)
+            except ConfigError as e:
+                errors.append(e)
+        if len(errors) == 1:  # X | None: the X error says it best
+            raise errors[0]
+        raise ConfigError(f"{key}: {value!r} fits none of {' | '.join(_type_name(a) for a in args)}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}: must be one of {', '.join(map(repr, args))}, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping of {tp.__name__} settings, got {value!r}")
+        return from_dict(tp, value, prefix=key + ".")
+    if origin in (list, tuple):
+        if isinstance(value, tuple):
+            value = list(value)
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(value) != len(args):
+                raise ConfigError(f"{key}: expected {len(args)} values, got {len(value)}")
+            return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+        inner = args[0] if args else Any
+        out = [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(out) if origin is tuple else out
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if isinstance(value, bool):  # YAML 1.1 reads off/on (and no/yes) as booleans: `anchoring: off`
+            return "on" if value else "off"
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    if origin is collections.abc.Callable or tp is collections.abc.Callable:
+        raise ConfigError(f"{key}: a function cannot be set from a config file")
+    return value
+
+
+def from_dict(cls: type[T], data: dict, prefix: str = "") -> T:
+    """An instance of dataclass `cls` from a plain mapping, with unknown keys and wrong types
+    reported by their dotted name. The dataclass's own `__post_init__` checks still run."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown config key(s) {', '.join(prefix + k for k in unknown)} "
+                          f"(known: {', '.join(sorted(known))})")
+    kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{prefix.rstrip('.') or cls.__name__}: {e}") from None
+
+
+def to_dict(cfg: Any) -> dict:
+    """JSON/YAML-friendly dict of a config (callables and other non-data values dropped)."""
+    out = {}
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(v):
+            v = to_dict(v)
+        elif isinstance(v, tuple):
+            v = list(v)
+        elif callable(v):
+            continue
+        out[f.name] = v
+    return out
+
+
+def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
+    """`key=value` strings (values parsed as YAML, keys dotted for nested sections) merged into `data`."""
+    import yaml
+
+    data = dict(data)
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key=value (e.g. steps=10, episode.max_turns=2)")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {item!r}: value is not valid YAML ({e})") from None
+        node = data
+        parts = key.split(".")
+        for p in parts[:-1]:
+            sub = node.get(p)
+            if sub is None:
+                sub = {}
+            elif dataclasses.is_dataclass(sub):
+                sub = to_dict(sub)
+            elif not isinstance(sub, dict):
+                raise ConfigError(f"override {item!r}: {p} is not a section")
+            node[p] = dict(sub)
+            node = node[p]
+        node[parts[-1]] = value
+    return data
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
+    """Config `cls` from a YAML file (optional) and `key=value` overrides, validated."""
+    import yaml
+
+    data: dict = {}
+    if path:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p} is not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping of settings")
+    return from_dict(cls, apply_overrides(data, overrides))
