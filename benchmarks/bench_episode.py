@@ -1,16 +1,20 @@
-"""Parallel vs sequential episodes, and the main context in parallel vs inline mode.
+"""Parallel vs sequential episodes, and the main context in parallel vs inline mode (issue 4 figures).
 
-The main agent is scripted to request N = 1..5 crops (in one turn for parallel/inline; one
-per turn for sequential); the sub-agents are the real tiny Qwen3-VL through the hf backend,
-so their batching is real. Prints wall time per episode and main-context tokens.
+The main agent is scripted to request N = 1..5 crops of 10 s each (in one turn for parallel and
+inline; one per turn for sequential). The sub-agents are the real tiny Qwen3-VL through the hf
+backend (ScriptedBackend delegates them), so their batching is real: the N sub-agents of a
+parallel turn run as one batched generate. Main turns cost no model time here (scripted), so the
+sequential figure is a lower bound: a real main agent adds N extra turns of generation to it.
+Main-context token counts come from the hf backend's own renderer (the exact ids it would feed).
 
-    .venv/bin/python benchmarks/bench_episode.py [--sub-tokens 64] [--repeats 2]
+    .venv/bin/python benchmarks/bench_episode.py [--sub-tokens 64] [--repeats 3] [--frames 16] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import tempfile
 from pathlib import Path
@@ -21,81 +25,82 @@ from rich.table import Table
 from paravt import protocol as P
 from paravt.agent import EpisodeConfig, run_episode
 from paravt.backends.hf import HFBackend
+from paravt.backends.scripted import ScriptedBackend
 from paravt.models.tiny import build_tiny
 from paravt.synth.render import make_spec, write_video
+from paravt.video import VideoReader
 
-
-class MainScripted:
-    """Main turns from a script; sub-agent requests go to the real model."""
-
-    name = "bench"
-
-    def __init__(self, turns: list[str], sub_backend: HFBackend):
-        self.turns, self.sub, self.i = turns, sub_backend, 0
-
-    async def generate(self, reqs):
-        from paravt.backends.base import Completion
-
-        out = []
-        for r in reqs:
-            if r.role == "sub":
-                out += await self.sub.generate([r])
-            else:
-                text = self.turns[min(self.i, len(self.turns) - 1)]
-                self.i += 1
-                n_img = sum(len(m.images()) for m in r.messages)
-                tokens = len(self.sub.renderer.render(r.messages, prefix=r.prefix).ids)
-                out.append(Completion(text=text, prompt_tokens=tokens, visual_tokens=4 * n_img, completion_tokens=1))
-        return out
-
-    async def aclose(self):
-        pass
+THINK = "The event is short and falls between overview frames; I look closer.</think>\n"
+ANSWER = "The summaries settle it.</think><answer>A</answer>"
 
 
 def script(mode: str, windows: list[tuple[float, float]]) -> list[str]:
-    think = "<think>The event is short; I look closer.</think>\n"
-    answer = "<think>Done.</think><answer>A</answer>"
     if mode == "sequential":
-        return [think + P.format_tool_call(a, b) for a, b in windows] + [answer]
-    return [think + "\n".join(P.format_tool_call(a, b) for a, b in windows), answer]
+        return [THINK + P.format_tool_call(a, b) for a, b in windows] + [ANSWER]
+    return [THINK + "\n".join(P.format_tool_call(a, b) for a, b in windows), ANSWER]
+
+
+def episode(model, processor, reader: VideoReader, mode: str, windows, frames: int, sub_tokens: int):
+    hf = HFBackend(model, processor, batch_wait_ms=5)
+    hf.renderer.stop_ids = set()  # every sub-agent generates exactly sub_tokens: no early end token
+
+    def count(req):
+        r = hf.renderer.render(req.messages, prefix=req.prefix)
+        return len(r.ids), r.visual_tokens
+
+    backend = ScriptedBackend(script(mode, windows), sub=hf, count_tokens=count)
+    cfg = EpisodeConfig(mode=mode, frames=frames, max_turns=len(windows) + 2 if mode == "sequential" else 3,
+                        sub_max_new_tokens=sub_tokens)
+    ep = asyncio.run(run_episode(backend, reader, "Which colour was the shape?", cfg))
+    assert ep.n_executed_calls == len(windows), (mode, ep.n_executed_calls)
+    return ep, hf.batch_sizes
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sub-tokens", type=int, default=64, help="tokens each sub-agent generates")
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--frames", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--frames", type=int, default=16, help="overview K")
+    ap.add_argument("--max-n", type=int, default=5)
+    ap.add_argument("--json", default=None, help="also write the rows here")
     args = ap.parse_args()
     model, processor = build_tiny(seed=0)
     video = write_video(make_spec(5, min_len=300, max_len=300), Path(tempfile.mkdtemp()) / "bench.mp4")
-    table = Table(title=f"episode wall time (s) and main-context tokens; tiny Qwen3-VL on CPU, K={args.frames}, "
-                        f"{args.sub_tokens} tokens per sub-agent")
-    for col in ("N crops", "parallel s", "sequential s", "parallel main tokens", "inline main tokens",
-                "parallel main images", "inline main images", "sub batches (parallel)"):
-        table.add_column(col)
-    base = {}
-    for n in range(1, 6):
+    reader = VideoReader(video)
+    episode(model, processor, reader, "parallel", [(20.0, 30.0)], args.frames, 4)  # warm-up
+
+    rows = []
+    for n in range(1, args.max_n + 1):
         windows = [(20.0 + 50 * i, 30.0 + 50 * i) for i in range(n)]
-        row = {}
+        row: dict = {"n": n}
         for mode in ("parallel", "sequential", "inline"):
-            times, ep, hf = [], None, None
+            times = []
             for _ in range(args.repeats):
-                hf = HFBackend(model, processor, batch_wait_ms=5)
-                backend = MainScripted(script(mode, windows), hf)
-                cfg = EpisodeConfig(mode=mode, frames=args.frames, max_turns=n + 2 if mode == "sequential" else 3,
-                                    sub_max_new_tokens=args.sub_tokens)
-                # make every sub-agent generate exactly sub_tokens: no early stop on the end token
-                hf.renderer.stop_ids = set()
-                ep = asyncio.run(run_episode(backend, video, "Which colour?", cfg))
+                ep, batches = episode(model, processor, reader, mode, windows, args.frames, args.sub_tokens)
                 times.append(ep.wall_time)
-            row[mode] = (statistics.median(times), ep, hf)
-        par, seq, inl = row["parallel"], row["sequential"], row["inline"]
-        base.setdefault("par", par[0])
-        last_main = lambda ep: ep.turns[-1].generation  # noqa: E731
-        table.add_row(str(n), f"{par[0]:.2f}", f"{seq[0]:.2f}", str(last_main(par[1]).prompt_tokens),
-                      str(last_main(inl[1]).prompt_tokens), str(last_main(par[1]).n_images),
-                      str(last_main(inl[1]).n_images), str(par[2].batch_sizes))
+            last = ep.turns[-1].generation
+            row[mode] = {"wall_s": statistics.median(times), "main_prompt_tokens": last.prompt_tokens,
+                         "main_visual_tokens": last.visual_tokens, "main_images": last.n_images,
+                         "sub_batches": batches}
+        rows.append(row)
+    reader.close()
+
+    table = Table(title=f"episode wall time (median of {args.repeats}) and the final main context; tiny Qwen3-VL, "
+                        f"CPU, K={args.frames}, 10 s crops, {args.sub_tokens} tokens per sub-agent")
+    for col in ("N", "parallel s", "sequential s", "seq/par", "par main tokens (visual)",
+                "inline main tokens (visual)", "sub batches par", "sub batches seq"):
+        table.add_column(col, justify="right")
+    p1 = rows[0]["parallel"]["wall_s"]
+    for r in rows:
+        par, seq, inl = r["parallel"], r["sequential"], r["inline"]
+        table.add_row(str(r["n"]), f"{par['wall_s']:.2f} ({par['wall_s'] / p1:.2f}x)", f"{seq['wall_s']:.2f}",
+                      f"{seq['wall_s'] / par['wall_s']:.2f}",
+                      f"{par['main_prompt_tokens']} ({par['main_visual_tokens']})",
+                      f"{inl['main_prompt_tokens']} ({inl['main_visual_tokens']})",
+                      str(par["sub_batches"]), str(seq["sub_batches"]))
     Console().print(table)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,26 +1,41 @@
-"""Tokens/s of the tiny Qwen3-VL through the hf backend on this machine, and prefill time with
-64 overview frames. Generation is forced to full length (end token ignored).
+"""Tokens/s of the tiny Qwen3-VL through the hf backend, and prefill time with 64 overview frames.
 
-    .venv/bin/python benchmarks/bench_generate.py [--tokens 200]
+    .venv/bin/python benchmarks/bench_generate.py [--tokens 128] [--size tiny] [--threads 2] [--spin]
+
+Generation is forced to full length (end tokens ignored). Each decode row is run with the
+backend's lean decode step and, for comparison, stepping through `model.forward` (what
+`generate()` does per token). Wall time depends on what else runs on the machine; CPU time of
+this process is reported beside it (tokens per CPU-second ~ tokens/s on an otherwise idle core).
+
+OpenMP's default is to spin-wait between parallel regions; on a shared machine those spinning
+threads steal the cores the work needs (measured: decode ~5x slower with 2 spinning threads).
+This script sets OMP_WAIT_POLICY=PASSIVE before torch loads unless --spin is given.
 """
 
 from __future__ import annotations
 
-import argparse
-import time
+import os
+import sys
 
-import numpy as np
-import torch
-from rich.console import Console
-from rich.table import Table
+if "--spin" not in sys.argv:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from paravt import protocol as P
-from paravt.backends.base import GenerateRequest, ImagePart, Message, TextPart
-from paravt.backends.hf import HFBackend
-from paravt.models.tiny import build_tiny
+import argparse  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from paravt import protocol as P  # noqa: E402
+from paravt.backends.base import GenerateRequest, ImagePart, Message, TextPart  # noqa: E402
+from paravt.backends.hf import HFBackend  # noqa: E402
+from paravt.models.tiny import build_tiny  # noqa: E402
 
 
 def request(n_frames: int, side: int, max_new: int, seed: int = 0) -> GenerateRequest:
+    """A main-agent request: system prompt, n timestamped side x side frames, question, think prefix."""
     rng = np.random.default_rng(seed)
     parts = []
     for i in range(n_frames):
@@ -30,32 +45,46 @@ def request(n_frames: int, side: int, max_new: int, seed: int = 0) -> GenerateRe
                            max_new_tokens=max_new, temperature=1.0, seed=seed, prefix=P.THINK_PREFIX)
 
 
+def timed(backend: HFBackend, reqs: list[GenerateRequest]):
+    t, c = time.perf_counter(), time.process_time()
+    out = backend.generate_sync(reqs)
+    return out, time.perf_counter() - t, time.process_time() - c
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tokens", type=int, default=200)
+    ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--size", default="tiny")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--spin", action="store_true", help="keep OpenMP's spin-waiting (no OMP_WAIT_POLICY)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     model, processor = build_tiny(size=args.size)
-    backend = HFBackend(model, processor)
-    backend.renderer.stop_ids = set()
     n_params = sum(p.numel() for p in model.parameters())
-    backend.generate_sync([request(1, 64, 4)])  # warm-up
-    table = Table(title=f"tiny Qwen3-VL ({n_params / 1e6:.2f} M params), CPU threads {torch.get_num_threads()}")
-    for col in ("case", "prompt tokens", "time s", "new tokens/s"):
+    backends = {"lean step": HFBackend(model, processor), "model.forward": HFBackend(model, processor, fast_decode=False)}
+    for b in backends.values():
+        b.renderer.stop_ids = set()
+        b.generate_sync([request(1, 64, 4)])  # warm-up
+    load = os.getloadavg()[0]
+    table = Table(title=f"tiny Qwen3-VL ({n_params / 1e6:.2f} M params), torch threads {torch.get_num_threads()}, "
+                        f"decode threads {backends['lean step'].decode_threads or torch.get_num_threads()}, "
+                        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'default')}, "
+                        f"{os.cpu_count()} CPUs, load avg {load:.1f}")
+    for col in ("case", "decode", "prompt tokens", "wall s", "CPU s", "new tok/s", "new tok/CPU-s"):
         table.add_column(col)
     for batch in (1, 8):
-        reqs = [request(4, 64, args.tokens, seed=s) for s in range(batch)]
-        t = time.perf_counter()
-        out = backend.generate_sync(reqs)
-        dt = time.perf_counter() - t
-        table.add_row(f"decode, batch {batch}, 4 frames", str(out[0].prompt_tokens), f"{dt:.2f}",
-                      f"{sum(o.completion_tokens for o in out) / dt:.0f}")
+        for name, backend in backends.items():
+            reqs = [request(4, 64, args.tokens, seed=s) for s in range(batch)]
+            out, wall, cpu = timed(backend, reqs)
+            n = sum(o.completion_tokens for o in out)
+            table.add_row(f"decode {args.tokens} tokens, batch {batch}, 4 frames", name, str(out[0].prompt_tokens),
+                          f"{wall:.2f}", f"{cpu:.2f}", f"{n / wall:.0f}", f"{n / cpu:.0f}")
     for side in (64, 224):
-        t = time.perf_counter()
-        out = backend.generate_sync([request(64, side, 1)])
-        dt = time.perf_counter() - t
-        table.add_row(f"prefill, 64 frames {side}x{side}", str(out[0].prompt_tokens), f"{dt:.2f}", "-")
-    Console().print(table)
+        out, wall, cpu = timed(backends["lean step"], [request(64, side, 1)])
+        table.add_row(f"prefill, 64 frames {side}x{side}", "-", f"{out[0].prompt_tokens} ({out[0].visual_tokens} visual)",
+                      f"{wall:.2f}", f"{cpu:.2f}", "-", "-")
+    Console(width=170).print(table)
 
 
 if __name__ == "__main__":

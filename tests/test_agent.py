@@ -1,16 +1,22 @@
+"""The episode loop (SPEC §1) in every mode, driven by scripted main turns over a real small video."""
+
 import asyncio
 import json
 import re
+import time
 
 import pytest
 
 from paravt import protocol as P
-from paravt.agent import Episode, EpisodeConfig, run_episode, run_episode_sync
-from paravt.backends.base import ImagePart
+from paravt.agent import Episode, EpisodeConfig, ordered_calls, run_episode, run_episode_sync
+from paravt.backends.base import BackendError
 from paravt.backends.scripted import ScriptedBackend
-from videotools import make_test_video
+from paravt.video import VideoError, VideoReader
+from videotools import decode_stripe, make_test_video
 
-THINK = "<think>The overview misses it, I will look closer.</think>\n"
+THINK = "The overview misses it, I will look closer.</think>\n"  # after the forced "<think>\n"
+ANSWER = "The summaries settle it.</think><answer>B</answer>"
+QUESTION = "Which shape was red?\nA. square\nB. circle"
 
 
 def calls(*windows, extra: dict | None = None) -> str:
@@ -21,134 +27,290 @@ def calls(*windows, extra: dict | None = None) -> str:
     return out
 
 
-ANSWER = "<think>The summaries settle it.</think><answer>B</answer>"
-
-
 @pytest.fixture(scope="module")
 def video(tmp_path_factory):
     return make_test_video(tmp_path_factory.mktemp("agent") / "v.mp4", seconds=60, fps=4, gop=20)
 
 
+def window_of(req):
+    m = re.search(r"between ([\d.]+) and ([\d.]+) seconds", req.messages[-1].text())
+    return float(m.group(1)), float(m.group(2))
+
+
 def sub_echo(req):
-    text = req.messages[-1].text()
-    m = re.search(r"between ([\d.]+) and ([\d.]+) seconds", text)
-    return f"<think>checking</think>Window {m.group(1)}-{m.group(2)}: a red circle."
+    s, e = window_of(req)
+    return f"<think>checking</think>Window {s:.1f}-{e:.1f}: a red circle."
 
 
-def run(backend, video, **cfg):
-    qtype = cfg.pop("question_type", "mcq")
-    return run_episode_sync(backend, video, "Which shape was red?\nA. square\nB. circle", EpisodeConfig(frames=8, **cfg),
-                            question_type=qtype)
+def run(backend, video, question_type="mcq", **cfg):
+    cfg.setdefault("frames", 8)
+    return run_episode_sync(backend, video, QUESTION, EpisodeConfig(**cfg), question_type=question_type)
+
+
+def mains(b):
+    return [r for r in b.requests if r.role == "main"]
+
+
+def subs(b):
+    return [r for r in b.requests if r.role == "sub"]
+
+
+def n_images(req):
+    return sum(len(m.images()) for m in req.messages)
+
+
+# ---------------------------------------------------------------------------------------------- parallel
 
 
 def test_parallel_calls_run_concurrently_and_return_in_order(video):
-    b = ScriptedBackend([calls((0, 10), (20, 30), (40, 50)), ANSWER], sub=sub_echo, latency_s=0.3)
+    b = ScriptedBackend([calls((40, 50), (0, 10), (20, 30)), ANSWER], sub=sub_echo, latency_s=0.4)
     ep = run(b, video)
-    assert ep.answer == "B"
-    subs = ep.turns[0].calls
-    assert [s.status for s in subs] == ["ok"] * 3
-    assert [s.start for s in subs] == [0, 20, 40]
-    # sub-agents overlapped in time and were served as one batch
-    assert max(s.started for s in subs) < min(s.finished for s in subs)
+    assert ep.answer == "B" and ep.error is None
+    assert [t.parsed["problems"] for t in ep.turns] == [[], []]
+    turn = ep.turns[0]
+    assert [s.status for s in turn.calls] == ["ok"] * 3
+    assert [s.start for s in turn.calls] == [40, 0, 20]  # call order, not window order
+    # the three sub-agents overlapped in time and were served as one batch of 3
+    gens = [s.generation for s in turn.calls]
+    assert max(g.started for g in gens) < min(g.finished for g in gens)
     assert 3 in b.batches
-    # responses in call order, think stripped from the summaries
-    resp = ep.turns[0].tool_response
-    assert resp.index("Window 0.0-10.0") < resp.index("Window 20.0-30.0") < resp.index("Window 40.0-50.0")
+    # ... so the whole turn took about one latency, not three
+    dispatch = max(s.finished for s in turn.calls) - min(s.started for s in turn.calls)
+    assert dispatch < 2 * 0.4
+    # responses in call order, one <tool_response> each, think blocks stripped
+    resp = turn.tool_response
+    assert resp.index("Window 40.0-50.0") < resp.index("Window 0.0-10.0") < resp.index("Window 20.0-30.0")
     assert "checking" not in resp and resp.count(P.TOOL_RESPONSE_OPEN) == 3
     assert ep.n_parsed_calls == 3 and ep.n_executed_calls == 3
-    # each sub-agent saw its own window at 1 fps, with timestamps
-    for s in subs:
-        assert len(s.frame_times) == 10 and all(s.start <= t <= s.end for t in s.frame_times)
-        texts = [p.text for p in s.generation.messages[0].parts() if hasattr(p, "text")]
-        assert texts[0] == P.timestamp_text(s.frame_times[0])
+    # and they come back to the main agent as one user turn after its own turn
+    second = mains(b)[1].messages
+    assert [m.role for m in second] == ["system", "user", "assistant", "user"]
+    assert second[-1].text().count(P.TOOL_RESPONSE_OPEN) == 3
+
+
+def test_each_subagent_sees_its_own_window_at_1_fps_with_timestamps(video):
+    b = ScriptedBackend([calls((0, 10), (20, 23.5), (30, 60), extra=None), ANSWER], sub="ok")
+    ep = run(b, video)
+    got = {s.start: s for s in ep.turns[0].calls}
+    assert len(got[0].frame_times) == 10 and len(got[20].frame_times) == 3 and len(got[30].frame_times) == 16
+    reader = VideoReader(video)
+    for s in ep.turns[0].calls:
+        msgs = s.generation.messages
+        assert len(msgs) == 1 and msgs[0].role == "user"  # fresh context: no system prompt, no main history
+        parts = msgs[0].parts()
+        images = msgs[0].images()
+        assert [p.timestamp for p in images] == s.frame_times
+        assert all(s.start <= t <= s.end for t in s.frame_times)
+        for i, img in enumerate(images):  # each frame follows its own timestamp text
+            assert parts[2 * i].text == P.timestamp_text(img.timestamp)
+            # and it is the frame of that moment of the episode's video (stripe = frame index at 4 fps)
+            assert abs(decode_stripe(img.image) / 4 - img.timestamp) <= 0.25
+        assert QUESTION.splitlines()[0] in msgs[0].text()  # subagent_sees_question
+    reader.close()
+
+
+def test_num_frames_argument_is_honoured_up_to_16(video):
+    b = ScriptedBackend([calls((0, 30), extra={"num_frames": 4}) + calls((0, 30), extra={"num_frames": 40})[len(THINK):],
+                         ANSWER], sub="ok")
+    ep = run(b, video)
+    assert [len(c.frame_times) for c in ep.turns[0].calls] == [4, 16]
 
 
 def test_main_context_visual_tokens_fixed_by_k(video):
-    b = ScriptedBackend([calls(*[(i * 10, i * 10 + 8) for i in range(5)]), ANSWER], sub="A circle.")
+    script = [calls(*[(i * 10, i * 10 + 8) for i in range(5)]), calls((1, 9), (11, 19)), ANSWER]
+    b = ScriptedBackend(script, sub="A circle.")
+    ep = run(b, video, frames=8)
+    assert [n_images(r) for r in mains(b)] == [8, 8, 8]
+    assert [t.generation.visual_tokens for t in ep.turns] == [8 * 4] * 3
+    assert ep.main_visual_tokens == 8 * 4
+    assert [t.generation.image_times for t in ep.turns] == [ep.overview_times] * 3
+    # text grew (the summaries), images did not
+    assert ep.turns[2].generation.prompt_tokens > ep.turns[0].generation.prompt_tokens
+
+
+def test_assistant_turns_carry_their_token_ids(video):
+    b = ScriptedBackend([calls((0, 10)), ANSWER], sub="ok")
     ep = run(b, video)
-    mains = [r for r in b.requests if r.role == "main"]
-    assert [sum(len(m.images()) for m in r.messages) for r in mains] == [8, 8]
+    assistant = mains(b)[1].messages[2]
+    assert assistant.role == "assistant"
+    assert assistant.token_ids == ep.turns[0].generation.assistant_ids
+    assert assistant.text() == P.THINK_PREFIX + ep.turns[0].generation.text
+
+
+# ---------------------------------------------------------------------------------------------- limits and failures
+
+
+def test_calls_beyond_max_parallel_are_skipped_with_the_limit_named(video):
+    b = ScriptedBackend([calls(*[(i, i + 5) for i in range(0, 35, 5)]), ANSWER], sub="ok")
+    ep = run(b, video, max_parallel=5)
+    assert [c.status for c in ep.turns[0].calls] == ["ok"] * 5 + ["skipped"] * 2
+    assert len(subs(b)) == 5
+    assert ep.turns[0].tool_response.count("at most 5 calls run per turn") == 2
+    assert ep.n_parsed_calls == 7 and ep.n_executed_calls == 5
+
+
+def test_failures_stay_local_and_keep_call_order(video):
+    bad_turn = (THINK
+                + P.format_tool_call(0, 10)
+                + "<tool_call>{not json}</tool_call>"
+                + P.format_tool_call(30, 20)
+                + '<tool_call>{"name": "delete_files", "arguments": {}}</tool_call>'
+                + P.format_tool_call(500, 600)
+                + P.format_tool_call(5, 15))
+    b = ScriptedBackend([bad_turn, ANSWER], sub="fine",
+                        fail_sub=lambda r: window_of(r) == (5.0, 15.0))
+    ep = run(b, video, max_parallel=6)
+    c = ep.turns[0].calls
+    assert [x.index for x in c] == list(range(6))
+    assert c[0].status == "ok" and c[0].response == "fine"
+    assert c[1].status == "error" and "not valid JSON" in c[1].response
+    assert c[2].status == "error" and "smaller than" in c[2].response
+    assert c[3].status == "error" and "unknown tool" in c[3].response
+    assert c[4].status == "error" and "outside the video" in c[4].response
+    assert c[5].status == "error" and "helper model failed" in c[5].response
+    resp = ep.turns[0].tool_response
+    assert resp.count(P.TOOL_RESPONSE_OPEN) == 6
+    order = [resp.index(x) for x in ("fine", "not valid JSON", "smaller than", "unknown tool", "outside the video",
+                                     "helper model failed")]
+    assert order == sorted(order)
+    assert ep.answer == "B" and ep.n_executed_calls == 1
+
+
+def test_decode_errors_and_timeouts_stay_local(video, monkeypatch):
+    real = VideoReader.acrop
+
+    async def acrop(self, start, end, *a, **k):
+        if start == 10:
+            raise VideoError(f"{self.path}: corrupt packet")
+        if start == 20:
+            raise RuntimeError("decoder exploded")
+        if start == 30:
+            await asyncio.sleep(5)
+        return await real(self, start, end, *a, **k)
+
+    monkeypatch.setattr(VideoReader, "acrop", acrop)
+    b = ScriptedBackend([calls((0, 5), (10, 15), (20, 25), (30, 35)), ANSWER], sub="fine")
+    t = time.perf_counter()
+    ep = run(b, video, call_timeout_s=0.5)
+    assert time.perf_counter() - t < 4
+    c = ep.turns[0].calls
+    assert [x.status for x in c] == ["ok", "error", "error", "error"]
+    assert "could not read the video window: corrupt packet" in c[1].response
+    assert "RuntimeError" in c[2].response
+    assert "longer than 0.5 seconds" in c[3].response
+    assert ep.answer == "B"
+
+
+def test_subagent_generation_timeout_is_local(video):
+    b = ScriptedBackend([calls((0, 5), (10, 15)), ANSWER], sub="late", latency_s=lambda r: 2.0 if r.role == "sub" else 0)
+    ep = run(b, video, call_timeout_s=0.3)
+    assert [x.status for x in ep.turns[0].calls] == ["error", "error"]
+    assert all("took longer than 0.3 seconds" in x.response for x in ep.turns[0].calls)
+    assert ep.answer == "B"
+
+
+def test_model_written_video_path_never_opens_a_file(video, tmp_path, monkeypatch):
+    import av
+
+    import paravt.video as V
+
+    secret = tmp_path / "secret.mp4"
+    make_test_video(secret, seconds=2, fps=2)
+    opened = []
+    real_open = av.open
+
+    def spy(path, *a, **k):
+        opened.append(str(path))
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr(av, "open", spy)
+    init = V.VideoReader.__init__
+
+    def spy_init(self, path, *a, **k):
+        opened.append(str(path))
+        init(self, path, *a, **k)
+
+    monkeypatch.setattr(V.VideoReader, "__init__", spy_init)
+    b = ScriptedBackend([calls((0, 10), extra={"video_path": str(secret)}), ANSWER], sub="ok")
+    ep = run(b, video)
+    assert ep.turns[0].calls[0].status == "ok"
+    assert opened and set(opened) == {str(video)}
+
+
+def test_main_backend_failure_is_raised_not_hidden(video):
+    class Dead(ScriptedBackend):
+        async def generate(self, requests):
+            raise BackendError("server at http://127.0.0.1:1 is unreachable")
+
+    with pytest.raises(BackendError, match="unreachable"):
+        run(Dead([]), video)
+
+
+# ---------------------------------------------------------------------------------------------- rounds and modes
+
+
+def test_forced_answer_on_last_round(video):
+    b = ScriptedBackend([calls((0, 10)), calls((10, 20)), "ok</think><answer>A</answer>"], sub="ok")
+    ep = run(b, video, max_turns=3)
+    m = mains(b)
+    assert len(m) == 3 and [t.forced_answer for t in ep.turns] == [False, False, True]
+    assert P.final_answer_instruction("mcq") in m[2].messages[-1].text()
+    assert P.final_answer_instruction("mcq") not in m[1].messages[-1].text()
+    assert [r.max_new_tokens for r in m] == [2048, 2048, 64]
+    assert ep.answer == "A"
+    # tools requested on the forced round are not run
+    b = ScriptedBackend([calls((0, 10)), calls((10, 20))], sub="ok")
+    ep = run(b, video, max_turns=2)
+    assert len(ep.turns) == 2 and ep.turns[1].calls == [] and len(subs(b)) == 1 and ep.answer is None
+    tvg = ScriptedBackend([calls((0, 10)), "<answer>1 - 2</answer>"], sub="ok")
+    run(tvg, video, max_turns=2, question_type="tvg")
+    assert mains(tvg)[-1].max_new_tokens == 128
+    assert P.final_answer_instruction("tvg") in mains(tvg)[-1].messages[-1].text()
+
+
+def test_sequential_runs_one_call_per_turn(video):
+    b = ScriptedBackend([calls((0, 10), (20, 30)), calls((20, 30)), ANSWER], sub="ok", latency_s=0.2)
+    ep = run(b, video, mode="sequential")
+    assert [c.status for c in ep.turns[0].calls] == ["ok", "skipped"]
+    assert "one call per turn" in ep.turns[0].calls[1].response
+    assert [c.status for c in ep.turns[1].calls] == ["ok"]
+    assert ep.n_executed_calls == 2 and len(subs(b)) == 2
+    assert mains(b)[0].messages[0].text() == P.system_prompt("sequential", 5) != P.system_prompt("parallel", 5)
+
+
+def test_sequential_takes_longer_than_parallel_for_the_same_windows(video):
+    windows = [(0, 10), (20, 30), (40, 50)]
+    par = ScriptedBackend([calls(*windows), ANSWER], sub="ok", latency_s=0.25)
+    seq = ScriptedBackend([calls(w) for w in windows] + [ANSWER], sub="ok", latency_s=0.25)
+    ep_par = run(par, video)
+    ep_seq = run(seq, video, mode="sequential", max_turns=4)
+    assert ep_par.n_executed_calls == ep_seq.n_executed_calls == 3
+    assert ep_seq.wall_time > ep_par.wall_time + 0.4  # two more main turns and two more sub-agent rounds
 
 
 def test_inline_mode_puts_crop_frames_in_main_context(video):
     b = ScriptedBackend([calls((0, 10), (20, 30)), ANSWER])
     ep = run(b, video, mode="inline")
-    mains = [r for r in b.requests if r.role == "main"]
-    assert [sum(len(m.images()) for m in r.messages) for r in mains] == [8, 8 + 20]
-    assert not [r for r in b.requests if r.role == "sub"]
+    m = mains(b)
+    assert [n_images(r) for r in m] == [8, 8 + 20]
+    assert not subs(b)
     assert all(s.generation is None and s.status == "ok" for s in ep.turns[0].calls)
-
-
-def test_sequential_runs_one_call_per_turn(video):
-    b = ScriptedBackend([calls((0, 10), (20, 30)), calls((20, 30)), ANSWER], sub="ok")
-    ep = run(b, video, mode="sequential")
-    assert [c.status for c in ep.turns[0].calls] == ["ok", "skipped"]
-    assert "one call per turn" in ep.turns[0].calls[1].response
-    assert ep.n_executed_calls == 2
+    crop_times = [t for s in ep.turns[0].calls for t in s.frame_times]
+    assert m[1].messages[-1].images() and [p.timestamp for p in m[1].messages[-1].images()] == crop_times
+    user = m[1].messages[-1].parts()
+    for i, p in enumerate(user):  # every inline frame follows its timestamp text
+        if getattr(p, "type", "") == "image":
+            assert user[i - 1].text.endswith(P.timestamp_text(p.timestamp))
+    assert ep.turns[1].generation.visual_tokens > ep.turns[0].generation.visual_tokens
 
 
 def test_none_mode_has_no_tool_prompt_and_runs_no_tools(video):
     b = ScriptedBackend([calls((0, 10))], sub="never")
     ep = run(b, video, mode="none")
-    assert "crop_video" not in b.requests[0].messages[0].text()
-    assert len(ep.turns) == 1 and ep.n_executed_calls == 0
-    assert not [r for r in b.requests if r.role == "sub"]
-
-
-def test_calls_beyond_max_parallel_are_skipped(video):
-    b = ScriptedBackend([calls(*[(i, i + 5) for i in range(0, 35, 5)]), ANSWER], sub="ok")
-    ep = run(b, video, max_parallel=5)
-    statuses = [c.status for c in ep.turns[0].calls]
-    assert statuses == ["ok"] * 5 + ["skipped"] * 2
-    assert "at most 5 calls" in ep.turns[0].tool_response
-
-
-def test_failures_stay_local(video):
-    bad_turn = (calls((0, 10), (30, 20), (500, 600), (5, 15))
-                + "<tool_call>{not json}</tool_call>"
-                + '<tool_call>{"name": "delete_files", "arguments": {}}</tool_call>')
-    b = ScriptedBackend([bad_turn, ANSWER], sub="fine", fail_sub=lambda r: "5.0 and 15.0" in r.messages[-1].text())
-    ep = run(b, video, max_parallel=6)
-    by = {c.index: c for c in ep.turns[0].calls}
-    assert by[0].status == "ok"
-    assert by[1].status == "error" and "smaller than" in by[1].response
-    assert by[2].status == "error" and "outside the video" in by[2].response
-    assert by[3].status == "error" and "helper model failed" in by[3].response
-    assert by[4].status == "error" and "unknown tool" in by[4].response
-    assert by[5].status == "error" and "not valid JSON" in by[5].response
-    assert ep.answer == "B"
-
-
-def test_model_written_video_path_is_ignored(video, tmp_path, monkeypatch):
-    secret = tmp_path / "secret.mp4"
-    make_test_video(secret, seconds=5, fps=2)
-    opened = []
-    import paravt.video as V
-
-    real_init = V.VideoReader.__init__
-
-    def spy(self, path, *a, **k):
-        opened.append(str(path))
-        real_init(self, path, *a, **k)
-
-    monkeypatch.setattr(V.VideoReader, "__init__", spy)
-    b = ScriptedBackend([calls((0, 10), extra={"video_path": str(secret)}), ANSWER], sub="ok")
-    ep = run(b, video)
-    assert ep.turns[0].calls[0].status == "ok"
-    assert str(secret) not in opened
-
-
-def test_forced_answer_on_last_round(video):
-    b = ScriptedBackend([calls((0, 10)), calls((10, 20)), "<think>ok</think><answer>A</answer>"], sub="ok")
-    ep = run(b, video, max_turns=3)
-    mains = [r for r in b.requests if r.role == "main"]
-    assert len(mains) == 3 and ep.turns[-1].forced_answer
-    assert P.final_answer_instruction("mcq") in mains[-1].messages[-1].text()
-    assert mains[-1].max_new_tokens == 64 and mains[0].max_new_tokens == 2048
-    assert ep.answer == "A"
-    tvg = ScriptedBackend([calls((0, 10)), "<answer>1 - 2</answer>"], sub="ok")
-    run(tvg, video, max_turns=2, question_type="tvg")
-    assert [r for r in tvg.requests if r.role == "main"][-1].max_new_tokens == 128
+    system, user = b.requests[0].messages[0].text(), b.requests[0].messages[1].text()
+    assert "crop_video" not in system and P.TOOL_CALL_OPEN not in system
+    assert P.answer_instruction("mcq") in user
+    assert len(ep.turns) == 1 and ep.n_executed_calls == 0 and not subs(b)
 
 
 def test_think_prefix_is_forced_and_counted(video):
@@ -156,48 +318,106 @@ def test_think_prefix_is_forced_and_counted(video):
     ep = run(b, video)
     assert b.requests[0].prefix == P.THINK_PREFIX
     assert ep.turns[0].parsed["think_closed"] and ep.answer == "B"
+    b = ScriptedBackend(["<think>circle</think><answer>B</answer>"])
+    run(b, video, think_prefix=False)
+    assert b.requests[0].prefix == ""
+
+
+def test_ordered_calls_interleaves_readable_and_unreadable():
+    text = THINK + P.format_tool_call(1, 2) + "<tool_call>oops</tool_call>" + P.format_tool_call(1, 2) + "<tool_call>"
+    turn = P.parse(text)
+    kinds = ["ok" if c is not None else "bad" for c, _, _ in ordered_calls(turn)]
+    assert kinds == ["ok", "bad", "ok", "bad"]
+
+
+# ---------------------------------------------------------------------------------------------- records
 
 
 def test_episode_round_trips_through_json(video):
     b = ScriptedBackend([calls((0, 10), (20, 30)), ANSWER], sub=sub_echo)
-    ep = run(b, video)
+    ep = run(b, video, seed=3)
     d = json.loads(json.dumps(ep.to_dict()))
+    assert "messages" not in json.dumps(d)
     back = Episode.from_dict(d)
     assert back.to_dict() == ep.to_dict()
+    assert back.config == ep.config
     assert back.turns[0].calls[1].generation.text == ep.turns[0].calls[1].generation.text
+    assert back.main_texts() == ep.main_texts() == [calls((0, 10), (20, 30)), ANSWER]
+    assert back.turns[0].generation.messages is None and ep.turns[0].generation.messages is not None
 
 
 def test_missing_video_is_a_clear_error(tmp_path):
-    from paravt.video import VideoError
-
     with pytest.raises(VideoError, match="no such file"):
         run(ScriptedBackend([ANSWER]), tmp_path / "nope.mp4")
+    bad = tmp_path / "bad.mp4"
+    bad.write_bytes(b"not a video at all" * 100)
+    with pytest.raises(VideoError, match="not a readable video"):
+        run(ScriptedBackend([ANSWER]), bad)
 
 
-def test_config_validation():
+def test_config_validation_and_yaml(tmp_path):
     with pytest.raises(ValueError, match="mode"):
         EpisodeConfig(mode="telepathy")
     with pytest.raises(ValueError, match="unknown episode config"):
         EpisodeConfig.from_dict({"framez": 3})
+    with pytest.raises(ValueError, match="max_parallel"):
+        EpisodeConfig(max_parallel=0)
+    y = tmp_path / "ep.yaml"
+    y.write_text("mode: sequential\nframes: 16\ntemperature: 0.7\n")
+    cfg = EpisodeConfig.from_yaml(y)
+    assert (cfg.mode, cfg.frames, cfg.temperature, cfg.max_turns) == ("sequential", 16, 0.7, 3)
+    with pytest.raises(ValueError, match="question_type"):
+        run_episode_sync(ScriptedBackend([ANSWER]), tmp_path / "x.mp4", "Q", question_type="essay")
 
 
 def test_events_stream(video):
     seen = []
-    b = ScriptedBackend([calls((0, 10)), ANSWER], sub="ok")
-    run_episode_sync(b, video, "Q?", EpisodeConfig(frames=4), on_event=lambda n, p: seen.append(n))
-    assert seen[0] == "overview" and "calls_dispatched" in seen and "subcall_finished" in seen and seen[-1] == "answer"
+    b = ScriptedBackend([calls((0, 10), (20, 30)), ANSWER], sub="ok")
+    run_episode_sync(b, video, "Q?", EpisodeConfig(frames=4), on_event=lambda n, p: seen.append((n, p)))
+    names = [n for n, _ in seen]
+    assert names[0] == "overview" and names[-1] == "answer"
+    assert names.count("turn_started") == 2 and names.count("think") == 2
+    assert names.count("subcall_finished") == 2
+    assert names.index("calls_dispatched") < names.index("subcall_finished") < names.index("tool_response")
+    dispatched = dict(seen)["calls_dispatched"]["calls"]
+    assert [c["arguments"]["start_time"] for c in dispatched] == [0, 20]
 
 
-def test_real_tiny_model_runs_an_episode(video):
-    """The untrained tiny Qwen3-VL through the hf backend: noise, but the loop holds end to end."""
-    from paravt.backends.hf import HFBackend
+# ---------------------------------------------------------------------------------------------- the real tiny model
+
+
+@pytest.fixture(scope="module")
+def tiny():
     from paravt.models.tiny import build_tiny
 
-    model, processor = build_tiny(seed=0)
-    backend = HFBackend(model, processor)
-    ep = run_episode_sync(backend, video, "Which shape was red?", EpisodeConfig(frames=4, max_new_tokens=24, max_turns=2))
-    assert ep.turns and ep.turns[0].generation.token_ids
+    return build_tiny(seed=0)
+
+
+def test_real_tiny_model_runs_an_episode(video, tiny):
+    """The untrained tiny Qwen3-VL through the hf backend: noise, but the loop holds end to end."""
+    from paravt.backends.hf import HFBackend
+
+    model, processor = tiny
+    ep = run_episode_sync(HFBackend(model, processor), video, "Which shape was red?",
+                          EpisodeConfig(frames=4, max_new_tokens=24, max_turns=2))
     g = ep.turns[0].generation
-    assert g.prompt_ids[-len(processor.tokenizer.encode(P.THINK_PREFIX, add_special_tokens=False)):] == \
-        processor.tokenizer.encode(P.THINK_PREFIX, add_special_tokens=False)
+    assert g.token_ids and 0 < g.completion_tokens <= 24 and len(g.logprobs) == len(g.token_ids)
+    prefix_ids = processor.tokenizer.encode(P.THINK_PREFIX, add_special_tokens=False)
+    assert g.prompt_ids[-len(prefix_ids):] == prefix_ids
+    assert g.assistant_ids[:len(prefix_ids)] == prefix_ids
     assert g.visual_tokens == 4 * 6  # four 64x96 frames: (64/16)*(96/16)/4 = 6 merged tokens each
+
+
+def test_real_tiny_subagents_are_batched_into_one_generate(video, tiny):
+    """Main turns scripted, sub-agents the real model: the three crops of a turn reach the hf
+    backend together and run as one batch."""
+    from paravt.backends.hf import HFBackend
+
+    hf = HFBackend(*tiny)
+    b = ScriptedBackend([calls((0, 4), (20, 24), (40, 44)), ANSWER], sub=hf)
+    ep = run(b, video, frames=4, sub_max_new_tokens=6)
+    assert 3 in hf.batch_sizes
+    for c in ep.turns[0].calls:
+        assert c.status == "ok" and c.generation.token_ids and c.generation.completion_tokens <= 6
+        assert c.generation.visual_tokens == 4 * 6  # 4 frames (1 fps over 4 s), 6 tokens each
+    assert ep.turns[1].generation.visual_tokens == ep.turns[0].generation.visual_tokens

@@ -1,8 +1,11 @@
+import math
+
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from paravt import protocol as P
 from paravt.rewards import (
+    RewardBreakdown,
     RewardConfig,
     accuracy_reward,
     anchor_reward,
@@ -10,6 +13,7 @@ from paravt.rewards import (
     format_reward,
     is_degenerate,
     mcq_letter,
+    options_from_question,
     parse_span,
     score_episode,
     shape,
@@ -20,34 +24,62 @@ from paravt.rewards import (
 )
 
 CALL = P.format_tool_call(10, 20)
-THINK = "<think>the red circle shows up late</think>"  # substantive (>= 10 chars)
+THINK = "<think>the red circle shows up late</think>"  # substantive: 28 characters of content
+ANS = "<answer>B</answer>"
+OPTS = ["A. blue", "B. red", "C. green", "D. a man walks"]
 
 
-# ---- accuracy ----------------------------------------------------------------------------------
+# ---- accuracy: mcq ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "pred, expected",
+    [
+        ("B", 1.0), ("b", 1.0), ("(B)", 1.0), ("[B]", 1.0), ("B.", 1.0), ("**B**", 1.0),
+        ("Option B", 1.0), ("The answer is B", 1.0), ("The answer is (B).", 1.0), ("Answer: B", 1.0),
+        ("the correct answer is option B.", 1.0), ("B. red", 1.0), ("B) red", 1.0), ("I think B.", 1.0),
+        ("Option A is wrong; the answer is B", 1.0),  # the answer phrase beats an option named in passing
+        ("red", 1.0), ("Red.", 1.0),  # the option's text instead of its letter
+        ("C", 0.0), ("The answer is C", 0.0), ("a man walks", 0.0),  # option D's text, which starts with "a"
+        ("It is B or C", 0.0),  # two letters: no choice
+        ("", 0.0), (None, 0.0), ("Because of this", 0.0), ("I am not sure", 0.0),
+    ],
+)
+def test_mcq(pred, expected):
+    assert accuracy_reward(pred, "B", "mcq", options=OPTS) == expected
+
+
 @pytest.mark.parametrize(
     "pred, answer, expected",
     [
-        ("B", "B", 1.0),
-        ("(B)", "B", 1.0),
-        ("Option B", "B", 1.0),
-        ("The answer is B", "B", 1.0),
-        ("B. red", "B", 1.0),
-        ("b", "B", 1.0),
-        ("C", "B", 0.0),
-        ("J", "J", 1.0),
-        ("", "B", 0.0),
-        (None, "B", 0.0),
-        ("red", "B", 1.0),  # option text, via options
-        ("Because of this", "B", 0.0),
+        ("J", "J", 1.0), ("J", "(J) tenth", 1.0), ("A", "A. blue", 1.0), ("D", "D. a man walks", 1.0),
+        ("a man walks", "D", 1.0),  # read as option D's text, not as the letter A
+        ("A", "D", 0.0),
     ],
 )
-def test_mcq(pred, answer, expected):
-    opts = ["A. blue", "B. red", "C. green", "D. white"]
-    assert accuracy_reward(pred, answer, "mcq", options=opts) == expected
+def test_mcq_ground_truth_forms(pred, answer, expected):
+    assert accuracy_reward(pred, answer, "mcq", options=OPTS) == expected
 
 
-def test_mcq_letter_parses_gt_with_text():
-    assert mcq_letter("(C) a square") == "C"
+def test_mcq_options_read_from_the_question():
+    q = "Which colour did the circle have?\nA. blue\nB. red\nC. green"
+    assert options_from_question(q) == ["blue", "red", "green"]
+    assert accuracy_reward("red", "B", "mcq", question=q) == 1.0
+    assert accuracy_reward("red", "B", "mcq") == 0.0  # no options: the text cannot be mapped
+    assert options_from_question("What?\nA. only one") is None
+    assert options_from_question("What?\nB. x\nC. y") is None  # must start at A
+
+
+@pytest.mark.parametrize(
+    "text, letter",
+    [("The answer is a red circle", None), ("A is correct", "A"), ("A man walks", None), ("I", "I"),
+     ("<answer>C</answer>", "C"), ("It's B, not C", None), ("choice: (E)", "E")],
+)
+def test_mcq_letter(text, letter):
+    assert mcq_letter(text) == letter
+
+
+# ---- accuracy: tvg ---------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -57,18 +89,29 @@ def test_mcq_letter_parses_gt_with_text():
         ("[15, 25]", [10, 20], 5 / 15),
         ("from 0 to 5 seconds", "10 - 20", 0.0),
         ("12.5 - 17.5", "10 - 20", 0.5),
-        ("20 - 10", "10 - 20", 1.0),  # reversed pair is read as a span
+        ("12.5-17.5", "10 - 20", 0.5),  # '-' is a separator, not a sign
+        ("20 - 10", "10 - 20", 1.0),  # a reversed pair is read as the span it names
+        ("00:10 - 00:15", "10 - 20", 0.5),
+        ("The event runs from 5 to 15 s, then again 40 - 50", (10, 20), 5 / 15),  # the first pair
+        ("1.5 - 2", "15 - 20", 0.0),  # no normalized string match for tvg ('1.5' would become '15')
         ("no idea", "10 - 20", 0.0),
+        ("12", "10 - 20", 0.0),
     ],
 )
 def test_tvg_iou(pred, answer, expected):
     assert accuracy_reward(pred, answer, "tvg") == pytest.approx(expected)
 
 
-def test_iou_helpers():
+def test_span_and_iou_helpers():
     assert parse_span("The event runs 3.5 - 7 s") == (3.5, 7.0)
-    assert temporal_iou((0, 0), (0, 0)) == 1.0
+    assert parse_span(["1:00", 70]) == (60.0, 70.0)
+    assert parse_span([1]) is None and parse_span(None) is None and parse_span(["x", 2]) is None
+    assert temporal_iou((0, 0), (0, 0)) == 1.0 and temporal_iou((1, 1), (2, 2)) == 0.0
     assert temporal_iou(None, (1, 2)) == 0.0
+    assert temporal_iou((0, 10), (5, 20)) == pytest.approx(5 / 20)
+
+
+# ---- accuracy: oe ----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -76,152 +119,373 @@ def test_iou_helpers():
     [
         ("red circle", "red circle", 1.0),
         ("The red circle.", "red circle", 1.0),  # normalized exact
-        ("a red square", "red circle", 0.5),  # tokens [red, square] vs [red, circle]: P=R=1/2
+        ("a red square", "red circle", 0.5),  # [red, square] vs [red, circle]: P = R = 1/2
         ("blue", "red circle", 0.0),
-        ("red", "red circle", pytest.approx(2 / 3)),
+        ("red", "red circle", 2 / 3),  # P = 1, R = 1/2
+        ("red red circle", "red circle", 0.8),  # P = 2/3, R = 1
+        ("the", "a", 1.0),  # both normalize to nothing: SQuAD scores that as a match
     ],
 )
 def test_oe_f1(pred, answer, expected):
-    assert accuracy_reward(pred, answer, "oe") == expected
+    assert accuracy_reward(pred, answer, "oe") == pytest.approx(expected)
 
 
 def test_oe_exact_and_judge():
     assert accuracy_reward("red", "red circle", "oe", RewardConfig(oe_metric="exact")) == 0.0
-    judge = lambda q, p, a: 0.7 if "red" in p else 0.0  # noqa: E731
-    assert accuracy_reward("red", "red circle", "oe", RewardConfig(oe_metric="judge", judge=judge)) == 0.7
-    with pytest.raises(ValueError):
-        RewardConfig(oe_metric="judge")
-    with pytest.raises(ValueError):
-        accuracy_reward("x", "y", "essay")
+    assert accuracy_reward("The Red Circle!", "red circle", "oe", RewardConfig(oe_metric="exact")) == 1.0
+    seen = []
+
+    def judge(q, p, a):
+        seen.append((q, p, a))
+        return {"red": 0.7, "huge": 5.0, "neg": -1.0}.get(p, math.nan)
+
+    cfg = RewardConfig(oe_metric="judge", judge=judge)
+    assert accuracy_reward("red", "red circle", "oe", cfg, question="Which shape?") == 0.7
+    assert seen == [("Which shape?", "red", "red circle")]
+    assert accuracy_reward("huge", "x", "oe", cfg) == 1.0 and accuracy_reward("neg", "x", "oe", cfg) == 0.0
+    assert accuracy_reward("other", "x", "oe", cfg) == 0.0  # NaN from the judge
     assert token_f1("", "") == 1.0
 
 
-# ---- format --------------------------------------------------------------------------------------
+def test_config_and_type_errors():
+    with pytest.raises(ValueError, match="needs a judge"):
+        RewardConfig(oe_metric="judge")
+    with pytest.raises(ValueError, match="oe_metric"):
+        RewardConfig(oe_metric="bleu")
+    with pytest.raises(ValueError, match="question_type"):
+        accuracy_reward(None, "y", "essay")
+
+
+# ---- format ----------------------------------------------------------------------------------------
+
+
 @pytest.mark.parametrize(
     "text, prefix, suffix_on, expected",
     [
-        (THINK + "<answer>B</answer>", "", True, 0.2 + 0.3 + 0.2 + 0.1),
-        (THINK + "<answer>B</answer>", "", False, 0.3 + 0.2 + 0.1 + 0.1),
-        (THINK + "<answer>B", "", True, 0.2 + 0.3),  # unbalanced answer: no </answer>, no balance bonus
+        (THINK + ANS, "", True, 0.2 + 0.3 + 0.2 + 0.1),
+        (THINK + ANS, "", False, 0.3 + 0.2 + 0.1 + 0.1),
+        (THINK + "<answer>B", "", True, 0.2 + 0.3),  # no </answer>, no balance bonus
+        (THINK + "<answer>B", "", False, 0.3 + 0.2),
+        (THINK + "<answer>  </answer>", "", True, 0.2 + 0.1),  # empty body: neither answer term
         (THINK + CALL, "", True, 0.2 + 0.3 + 0.1),
+        (THINK + "<tool_code>crop_video(1, 2)</tool_code>", "", True, 0.2 + 0.3 + 0.1),
+        (THINK + "<tool_call>{bad}</tool_call>", "", True, 0.2 + 0.1),  # no parseable call
         ("<think>short</think>" + CALL, "", True, 0.3 + 0.1),  # think too short for +0.2
-        ("<answer></answer>", "", True, 0.0),  # empty body: nothing, so no balance bonus either
+        ("<think>0123456789</think>" + ANS, "", True, 0.8),  # exactly 10 characters: substantive
+        ("<think>012345678</think>" + ANS, "", True, 0.3 + 0.2 + 0.1),
+        ("<think>" + " " * 20 + "</think>" + ANS, "", True, 0.6),  # whitespace is not content
+        ("<think>the red circle shows up late" + CALL, "", True, 0.0),  # unclosed think: nothing, so no bonus
+        (THINK + "<think>again", "", True, 0.2),
+        (CALL + THINK, "", True, 0.2 + 0.1),  # think after the call does not precede it
+        ("<think>the red circle shows up late<answer></think>B</answer>", "", True, 0.2 + 0.3 + 0.2),  # crossed
+        ("<answer></answer>", "", True, 0.0),
         ("B", "", True, 0.0),
         # forced "<think>\n" prefix: the model's text starts inside the think and still gets credit
-        ("the red circle shows up late</think><answer>B</answer>", P.THINK_PREFIX, True, 0.8),
-        (THINK + CALL + "\n" + THINK + "<answer>B</answer>", "", True, 1.0),  # 0.2+0.3+0.2+0.3+0.1 = 1.1 capped
+        ("the red circle shows up late</think>" + ANS, P.THINK_PREFIX, True, 0.8),
+        ("the red circle shows up late</think>" + ANS, "", True, 0.3 + 0.2),  # the public release's scoring
+        (THINK + CALL + "\n" + THINK + ANS, "", True, 1.0),  # 0.2+0.3+0.2+0.3+0.1 = 1.1, capped
     ],
 )
 def test_format(text, prefix, suffix_on, expected):
     assert format_reward(text, RewardConfig(answer_suffix=suffix_on), prefix=prefix) == pytest.approx(expected)
 
 
-def test_public_release_defect_prefix_excluded_would_lose_credit():
-    body = "the red circle shows up late</think><answer>B</answer>"
-    assert format_reward(body) < format_reward(body, prefix=P.THINK_PREFIX)
-    assert anchor_reward(body) < anchor_reward(body, prefix=P.THINK_PREFIX)
+@pytest.mark.parametrize(
+    "turns, prefix, expected",
+    [
+        ([THINK + CALL, THINK + ANS], "", 1.0),
+        (["the red circle shows up late</think>" + CALL, "it was red, clearly</think>" + ANS], P.THINK_PREFIX, 1.0),
+        (["the red circle shows up late</think>" + CALL, "it was red, clearly</think>" + ANS], "", 0.3 + 0.2),
+        # one turn's </think> cannot close the previous turn's <think>: judged per turn
+        (["<think>the red circle shows up late", "</think>" + ANS], "", 0.3 + 0.2),
+        ([THINK + CALL, "<answer>B</answer>"], "", 0.2 + 0.3 + 0.2 + 0.3 + 0.1),  # 1.1 capped
+        ([THINK + CALL, "it is B"], "", 0.2 + 0.3 + 0.1),  # forced answer without tags: no answer terms
+        ([], "", 0.0),
+    ],
+)
+def test_format_of_episodes(turns, prefix, expected):
+    assert format_reward(turns, prefix=prefix) == pytest.approx(min(expected, 1.0))
 
 
 # ---- anchoring -------------------------------------------------------------------------------------
+
+
 @pytest.mark.parametrize(
-    "text, expected",
+    "text, prefix, expected",
     [
-        (THINK + "<answer>B</answer>", 0.4 + 0.3),
-        (THINK + CALL, 0.4),
-        ("<think>short</think><answer>B</answer>", 0.3),
-        ("<think>never closed and long enough", -0.3),
-        ("<answer>B</answer>", 0.0),
-        (THINK + "<answer></answer>", 0.4),  # empty answer: no flow bonus
+        (THINK + ANS, "", 0.4 + 0.3),
+        (THINK + CALL, "", 0.4),
+        ("<think>short</think>" + ANS, "", 0.3),
+        ("<think>never closed and long enough", "", -0.3),
+        ("<think>the red circle shows up late" + ANS, "", -0.3),  # answer written inside an open think
+        (ANS, "", 0.0),
+        (THINK + "<answer></answer>", "", 0.4),  # empty answer: no flow bonus
+        (THINK + "<answer>B", "", 0.4),  # unclosed answer: no flow bonus
+        (ANS + THINK, "", 0.4),  # answer before think: no flow
+        (THINK + "<think>again", "", 0.4 - 0.3),
+        ("the red circle shows up late</think>" + ANS, P.THINK_PREFIX, 0.7),
+        ("the red circle shows up late</think>" + ANS, "", 0.0),  # without the prefix nothing fires (SPEC 6.2)
+        ("still thinking about it", P.THINK_PREFIX, -0.3),
     ],
 )
-def test_anchor(text, expected):
-    assert anchor_reward(text) == pytest.approx(expected)
+def test_anchor(text, prefix, expected):
+    assert anchor_reward(text, prefix=prefix) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "turns, expected",
+    [
+        ([THINK + CALL, THINK + ANS], 0.7),  # each term once per episode
+        ([THINK + CALL, "<think>never closed"], 0.4 - 0.3),
+        (["<think>the red circle shows up late", "</think>" + ANS], -0.3),
+    ],
+)
+def test_anchor_of_episodes(turns, expected):
+    assert anchor_reward(turns) == pytest.approx(expected)
+
+
+def test_anchor_constants_come_from_the_config():
+    cfg = RewardConfig(gamma=0.0, anchor_close_think=1.0, anchor_full_flow=0.5)  # e.g. the "- penalty γ" ablation
+    assert anchor_reward("<think>never closed and long enough", cfg) == 0.0
+    assert anchor_reward(THINK + ANS, cfg) == pytest.approx(1.5)
 
 
 # ---- tool ------------------------------------------------------------------------------------------
+
+
 @pytest.mark.parametrize(
     "parsed, executed, acc, expected",
-    [(0, 0, 1.0, 0.0), (2, 0, 0.0, 0.1), (2, 2, 0.0, 0.3), (2, 2, 1.0, 0.8), (1, 0, 0.5, 0.6)],
+    [(0, 0, 1.0, 0.0), (2, 0, 0.0, 0.1), (2, 2, 0.0, 0.3), (2, 2, 1.0, 0.8), (1, 0, 0.5, 0.6), (3, 1, 0.2, 0.8)],
 )
 def test_tool(parsed, executed, acc, expected):
     assert tool_reward(parsed, executed, acc) == pytest.approx(expected)
 
 
-def test_executed_tier_comes_from_record_not_text():
-    turn1 = THINK + CALL
-    turn2 = THINK + "<answer>B</answer>"
-    # generated text never holds <tool_response>; the record says the call ran
-    r = score_episode([turn1, turn2], "B", "B", "mcq", n_parsed_calls=1, n_executed_calls=1)
-    assert r.tool == pytest.approx(0.8)
-
-
-# ---- total -----------------------------------------------------------------------------------------
-def test_total_sequence_vs_token_anchoring():
-    texts = [THINK + "<answer>B</answer>"]
-    seq = score_episode(texts, "B", "B", "mcq", 0, 0, anchoring="sequence")
-    tok = score_episode(texts, "B", "B", "mcq", 0, 0, anchoring="token")
-    # acc 1 + fmt 0.8 + tool 0 (+ 0.5 * 0.7 in sequence mode)
-    assert tok.total == pytest.approx(1.8)
-    assert seq.total == pytest.approx(1.8 + 0.35)
-    assert seq.anchor == tok.anchor == pytest.approx(0.7)
+def test_tool_cap_and_errors():
+    assert tool_reward(1, 1, 1.0, RewardConfig(tool_executed=0.7)) == 1.0  # 0.7 + 0.5 capped
     with pytest.raises(ValueError):
-        score_episode(texts, "B", "B", "mcq", 0, 0, anchoring="both")
+        tool_reward(-1, 0, 0.0)
+
+
+def test_executed_tier_comes_from_record_not_text():
+    turns = [THINK + CALL, THINK + ANS]  # generated text never holds <tool_response>
+    ran = score_episode(turns, "B", "B", "mcq", n_parsed_calls=1, n_executed_calls=1)
+    failed = score_episode(turns, "B", "B", "mcq", n_parsed_calls=1, n_executed_calls=0)
+    assert ran.tool == pytest.approx(0.8) and failed.tool == pytest.approx(0.6)
+
+
+# ---- degenerate, total, shaping -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gap, expected", [(74, True), (75, False)])
+def test_degenerate_window(gap, expected):
+    # five markers whose starts are `gap` apart: first to last = 4 * gap characters (< 300 is degenerate)
+    text = ("<|im_start|>" + "x" * (gap - len("<|im_start|>"))) * 5
+    assert is_degenerate(text) is expected
+    assert not is_degenerate(text[: 4 * gap])  # four markers only
 
 
 def test_degenerate_scores_zero():
     junk = "<|im_start|>assistant\n" * 6
-    assert is_degenerate(junk)
-    assert not is_degenerate("<|im_start|>" + "x" * 400 + "<|im_start|>")
-    r = score_episode([junk + "<answer>B</answer>"], "B", "B", "mcq", 0, 0)
-    assert r.degenerate and r.total == 0.0
+    r = score_episode([THINK + ANS + junk], "B", "B", "mcq", 0, 0)
+    assert r.degenerate and r.total == 0.0 and r.accuracy == 1.0  # terms still reported
+
+
+@pytest.mark.parametrize(
+    "turns, pred, answer, qtype, parsed, executed, prefix, anchoring, cfg, expected",
+    [
+        # acc 1 + fmt 1.0 + tool 0.8 (+ 0.5 * anchor 0.7 in sequence mode)
+        ([THINK + CALL, THINK + ANS], "B", "B", "mcq", 1, 1, "", "sequence", None, (1, 1.0, 0.7, 0.8, 3.15)),
+        ([THINK + CALL, THINK + ANS], "B", "B", "mcq", 1, 1, "", "token", None, (1, 1.0, 0.7, 0.8, 2.8)),
+        ([THINK + CALL, THINK + ANS], "B", "B", "mcq", 1, 1, "", "off", None, (1, 1.0, 0.7, 0.8, 2.8)),
+        # the same episode generated after a forced "<think>\n": identical scores
+        (["the red circle shows up late</think>" + CALL, "it was red, clearly</think>" + ANS], "B", "B", "mcq",
+         1, 1, P.THINK_PREFIX, "sequence", None, (1, 1.0, 0.7, 0.8, 3.15)),
+        # ... and what the public release computed by leaving the prefix out: fmt 0.5, anchor 0
+        (["the red circle shows up late</think>" + CALL, "it was red, clearly</think>" + ANS], "B", "B", "mcq",
+         1, 1, "", "sequence", None, (1, 0.5, 0.0, 0.8, 2.3)),
+        # wrong answer, a call that did not run: 0 + 1.0 + 0.1 + 0.35
+        ([THINK + CALL, THINK + "<answer>C</answer>"], "C", "B", "mcq", 1, 0, "", "sequence", None,
+         (0, 1.0, 0.7, 0.1, 1.45)),
+        # no tool, w_fmt 0.5: 1 + 0.5 * 0.8 + 0 + 0.5 * 0.7
+        ([THINK + ANS], "B", "B", "mcq", 0, 0, "", "sequence", RewardConfig(w_fmt=0.5), (1, 0.8, 0.7, 0, 1.75)),
+        # grounding: IoU 0.5 + 0.8 + 0.35
+        ([THINK + "<answer>12.5 - 17.5</answer>"], "12.5 - 17.5", "10 - 20", "tvg", 0, 0, "", "sequence", None,
+         (0.5, 0.8, 0.7, 0, 1.65)),
+        # a turn cut off mid-think: fmt 0, anchor -0.3, sequence total -0.15
+        (["<think>still looking at the frames"], None, "B", "mcq", 0, 0, "", "sequence", None, (0, 0, -0.3, 0, -0.15)),
+    ],
+)
+def test_score_episode(turns, pred, answer, qtype, parsed, executed, prefix, anchoring, cfg, expected):
+    r = score_episode(turns, pred, answer, qtype, parsed, executed, cfg, prefix=prefix, anchoring=anchoring)
+    assert (r.accuracy, r.format, r.anchor, r.tool, r.total) == pytest.approx(expected)
+    assert not r.degenerate and set(r.to_dict()) == {"accuracy", "format", "anchor", "tool", "total", "degenerate"}
+
+
+def test_score_episode_options_and_errors():
+    q = "Which colour?\nA. blue\nB. red"
+    r = score_episode([THINK + "<answer>red</answer>"], "red", "B", "mcq", 0, 0, question=q)
+    assert r.accuracy == 1.0
+    with pytest.raises(ValueError, match="anchoring"):
+        score_episode([THINK + ANS], "B", "B", "mcq", 0, 0, anchoring="both")
+    assert isinstance(r, RewardBreakdown)
 
 
 def test_shaping():
     assert shape(1.2) == pytest.approx(10.0)
     assert shape(0.2) == 0.0
+    assert shape(3.15) == pytest.approx(29.5)
+    assert shape(1.0, RewardConfig(shaping_bias=0.5, shaping_scale=2.0)) == pytest.approx(1.0)
 
 
 # ---- token positions ----------------------------------------------------------------------------
-def _tokenizer(tags_as_tokens: bool) -> Tokenizer:
+
+
+def _bpe(tags_as_tokens: bool) -> Tokenizer:
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    corpus = ["the red circle shows up late", "answer B crop video start time end time", '{"name": "crop_video"}'] * 20
+    corpus = ["the red circle shows up late", "answer B crop video start time end time", '{"name": "crop_video"}',
+              "think answer tool call </think> <answer>"] * 20
     tok.train_from_iterator(corpus, trainer)
     if tags_as_tokens:
         tok.add_special_tokens(list(P.ALL_TAGS))
     return tok
 
 
-@pytest.mark.parametrize("tags_as_tokens", [True, False])
-def test_structural_positions(tags_as_tokens):
-    tok = _tokenizer(tags_as_tokens)
-    text = "<think>the red circle shows up late</think>" + CALL + "<answer>B</answer>"
-    ids = tok.encode(text).ids
-    positions = structural_positions(ids, tok)
-    pieces = [tok.decode(ids[: i + 1], skip_special_tokens=False) for i in range(len(ids))]
-    # each position is the token where a structural tag is completed
-    done = []
-    for pos in positions:
-        before = pieces[pos - 1] if pos else ""
-        completed = [t for t in P.STRUCTURAL_TAGS if pieces[pos].endswith(t) or (t in pieces[pos] and t not in before)]
-        assert completed, (pos, pieces[pos])
-        done += completed
-    assert sorted(done) == sorted(["</think>", "<tool_call>", "</tool_call>", "<answer>", "</answer>"])
-    if tags_as_tokens:
-        assert len(positions) == 5
+@pytest.fixture(scope="module", params=["tags_as_tokens", "split_tags", "hf_fast"])
+def tok(request):
+    if request.param == "hf_fast":
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast(tokenizer_object=_bpe(True))
+    return _bpe(request.param == "tags_as_tokens")
 
 
-@pytest.mark.parametrize("tags_as_tokens", [True, False])
-def test_anchor_token_rewards_sit_on_structural_tokens(tags_as_tokens):
-    tok = _tokenizer(tags_as_tokens)
+def _encode(tok, text: str) -> list[int]:
+    return tok.encode(text).ids if isinstance(tok, Tokenizer) else tok.encode(text, add_special_tokens=False)
+
+
+def _decode(tok, ids: list[int]) -> str:
+    return tok.decode(ids, skip_special_tokens=False)
+
+
+def _reference_token(tok, ids: list[int], char_end: int) -> int:
+    """By brute force: the first token whose prefix decode reaches `char_end` characters."""
+    return next(i for i in range(len(ids)) if len(_decode(tok, ids[: i + 1])) >= char_end)
+
+
+def _reference_positions(tok, ids, tags=P.STRUCTURAL_TAGS) -> dict[int, str]:
+    text = _decode(tok, ids)
+    out = {}
+    for tag in tags:
+        i = text.find(tag)
+        while i >= 0:
+            out[_reference_token(tok, ids, i + len(tag))] = tag
+            i = text.find(tag, i + 1)
+    return out
+
+
+TEXTS = [
+    THINK + CALL + "<answer>B</answer>",
+    "<think>der rote Kreis erscheint spät — 红色的圆 é</think>\n" + CALL + "\n" + CALL,  # multi-byte characters
+    "x</think>y</think><answer></answer><tool_call></tool_call>",
+    "no tags at all",
+]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_structural_positions(tok, text):
+    ids = _encode(tok, text)
+    assert _decode(tok, ids) == text
+    ref = _reference_positions(tok, ids)
+    assert structural_positions(ids, tok) == sorted(ref)
+    n_tags = sum(text.count(t) for t in P.STRUCTURAL_TAGS)
+    assert len(ref) == n_tags  # every occurrence ends in its own token here
+    if not isinstance(tok, Tokenizer) or tok.token_to_id("</think>") is not None:  # tags are single tokens
+        tag_ids = {tok.convert_tokens_to_ids(t) if not isinstance(tok, Tokenizer) else tok.token_to_id(t)
+                   for t in P.STRUCTURAL_TAGS}
+        assert structural_positions(ids, tok) == [i for i, t in enumerate(ids) if t in tag_ids]
+    elif ref:
+        assert any(_decode(tok, [ids[p]]) not in P.STRUCTURAL_TAGS for p in ref)  # really split
+
+
+def test_structural_positions_empty(tok):
+    assert structural_positions([], tok) == []
+    assert anchor_token_rewards([], tok) == {}
+
+
+class _StripDecoder:
+    """A decoder that drops a leading space when a token is decoded alone (as Metaspace-style
+    decoders do): the per-token pieces then spell a tag the real text does not hold."""
+
+    vocab = ["<think>", "abc", "<", " /think>", "</think>"]
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(self.vocab[i] for i in ids)
+
+    def decode_batch(self, seqs, skip_special_tokens=False):
+        return [self.decode(s).lstrip() for s in seqs]
+
+
+def test_structural_positions_fall_back_to_exact_offsets():
+    # real text "<think>abc< /think></think>" holds one </think>, the pieces would show two
+    assert structural_positions([0, 1, 2, 3, 4], _StripDecoder()) == [4]
+
+
+# ---- token-level anchoring -------------------------------------------------------------------------
+
+
+def _tag_token(tok, ids, tag, nth=0):
+    text = _decode(tok, ids)
+    i = -1
+    for _ in range(nth + 1):
+        i = text.find(tag, i + 1)
+    return _reference_token(tok, ids, i + len(tag))
+
+
+def test_anchor_tokens_with_forced_prefix(tok):
     body = "the red circle shows up late</think><answer>B</answer>"
-    ids = tok.encode(body).ids
+    ids = _encode(tok, body)
     values = anchor_token_rewards(ids, tok, prefix=P.THINK_PREFIX)
-    assert sorted(values.values()) == pytest.approx([0.3, 0.4])
+    assert values == pytest.approx({_tag_token(tok, ids, "</think>"): 0.4, _tag_token(tok, ids, "</answer>"): 0.3})
     assert set(values) <= set(structural_positions(ids, tok))
     assert sum(values.values()) == pytest.approx(anchor_reward(body, prefix=P.THINK_PREFIX))
-    unclosed = tok.encode("<think>never closed and long enough").ids
-    v = anchor_token_rewards(unclosed, tok)
-    assert v == {len(unclosed) - 1: pytest.approx(-0.3)}
+    assert anchor_token_rewards(ids, tok) == {}  # without the prefix there is no think to credit
+
+
+@pytest.mark.parametrize(
+    "text, expected",  # expected: [(tag or "last", nth occurrence, value)]
+    [
+        (THINK + CALL, [("</think>", 0, 0.4)]),
+        ("<think>short</think>" + ANS, [("</answer>", 0, 0.3)]),
+        (THINK + "<answer>A</answer><answer>B</answer>", [("</think>", 0, 0.4), ("</answer>", 0, 0.3)]),
+        ("<think>tiny</think>x<think>the red circle shows up late</think>" + ANS,
+         [("</think>", 1, 0.4), ("</answer>", 0, 0.3)]),  # the first SUBSTANTIVE think
+        # think never closed: -γ where </think> should have come (the <answer> / <tool_call> written instead) ...
+        ("<think>the red circle shows up late" + ANS, [("<answer>", 0, -0.3)]),
+        ("<think>the red circle shows up late " + CALL, [("<tool_call>", 0, -0.3)]),
+        # ... or at the last token when the turn is cut off mid-think
+        ("<think>the red circle shows up late", [("last", 0, -0.3)]),
+        (THINK + "<think>again, " + CALL, [("</think>", 0, 0.4), ("<tool_call>", 0, -0.3)]),
+        ("<answer>B</answer>", []),
+    ],
+)
+def test_anchor_token_placement(tok, text, expected):
+    ids = _encode(tok, text)
+    want: dict[int, float] = {}
+    for tag, nth, value in expected:
+        pos = len(ids) - 1 if tag == "last" else _tag_token(tok, ids, tag, nth)
+        want[pos] = want.get(pos, 0.0) + value
+    got = anchor_token_rewards(ids, tok)
+    assert got == pytest.approx(want)
+    assert sum(got.values()) == pytest.approx(anchor_reward(text))  # one turn: same terms as the sequence level
+    structural = set(structural_positions(ids, tok))
+    assert all(p in structural for p, v in got.items() if v > 0)
+
+
+def test_anchor_tokens_use_config(tok):
+    ids = _encode(tok, THINK + ANS)
+    got = anchor_token_rewards(ids, tok, RewardConfig(anchor_close_think=1.0, anchor_full_flow=2.0))
+    assert sorted(got.values()) == [1.0, 2.0]

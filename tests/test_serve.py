@@ -1,77 +1,26 @@
-"""paravt serve and the openai backend, over real HTTP on loopback."""
+"""paravt serve over real HTTP on loopback: the official openai client, bad payloads, keys, limits,
+the tiny model served in-process and as a `paravt serve` process with a whole episode through it."""
 
 import asyncio
+import base64
+import io
+import json
 import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import httpx
 import numpy as np
 import pytest
+from test_openai_backend import FakeBackend, Server, free_port
 
-from paravt.agent import EpisodeConfig, run_episode_sync
-from paravt.backends.base import BackendError, Completion, GenerateRequest, ImagePart, Message, TextPart
-from paravt.backends.openai import OpenAIBackend
+from paravt.backends.base import BackendError, GenerateRequest, ImagePart, Message, TextPart
+from paravt.backends.openai import OpenAIBackend, image_data_url
 from paravt.serve import create_app
-from videotools import make_test_video
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class FakeBackend:
-    """Echoes what it received, so the HTTP round trip can be checked exactly."""
-
-    name = "fake"
-
-    def __init__(self):
-        self.seen: list[GenerateRequest] = []
-        self.fail_next = 0
-
-    async def generate(self, reqs):
-        out = []
-        for r in reqs:
-            self.seen.append(r)
-            if self.fail_next:
-                self.fail_next -= 1
-                raise BackendError("transient")
-            imgs = [p for m in r.messages for p in m.images()]
-            out.append(Completion(text=f"images={len(imgs)} prefix={r.prefix!r}", prompt_tokens=10, completion_tokens=3))
-        return out
-
-    async def aclose(self):
-        pass
-
-
-class Server:
-    def __init__(self, app):
-        import uvicorn
-
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    @property
-    def url(self):
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self):
-        self.thread.start()
-        for _ in range(200):
-            if self.server.started:
-                return self
-            time.sleep(0.02)
-        raise RuntimeError("server did not start")
-
-    def __exit__(self, *a):
-        self.server.should_exit = True
-        self.thread.join(5)
+KEY = {"Authorization": "Bearer k"}
 
 
 @pytest.fixture
@@ -81,123 +30,280 @@ def fake():
         yield b, s
 
 
-def msgs(n=2):
-    img = np.random.default_rng(0).integers(0, 255, (32, 64, 3), dtype=np.uint8)
-    parts = [TextPart("<1.0 seconds>"), ImagePart(img)] * n + [TextPart("What?")]
-    return [Message("system", "sys"), Message("user", parts)]
+def image(seed: int = 0, h: int = 64, w: int = 64) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
 
 
-def test_images_and_prefix_round_trip(fake):
-    b, s = fake
-    be = OpenAIBackend(s.url, api_key="k")
-    out = asyncio.run(be.generate([GenerateRequest(msgs(3), prefix="<think>\n", max_new_tokens=5)]))[0]
-    assert out.text == "images=3 prefix='<think>\\n'"
-    got = b.seen[-1].messages[1].images()[0].image
-    sent = msgs()[1].images()[0].image
-    assert np.array_equal(got, sent)
-    assert out.prompt_tokens == 10 and out.completion_tokens == 3
+def user(*parts) -> list[dict]:
+    return [{"role": "user", "content": list(parts)}]
 
 
-def test_official_openai_client(fake):
+def img_part(url: str) -> dict:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def test_official_openai_client_with_image_prefix_and_logprobs(fake):
     import openai
 
+    b, s = fake
+    client = openai.OpenAI(base_url=s.url + "/v1", api_key="k", max_retries=0)
+    assert [m.id for m in client.models.list().data] == ["fake-model"]
+    img = image()
+    r = client.chat.completions.create(
+        model="fake-model", max_tokens=4, temperature=0, seed=1, logprobs=True,
+        messages=[{"role": "system", "content": "sys"},
+                  {"role": "user", "content": [{"type": "text", "text": "<0.0 seconds>"},
+                                               img_part(image_data_url(img)), {"type": "text", "text": "What?"}]},
+                  {"role": "assistant", "content": "<think>\n"}],
+        extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    assert r.choices[0].message.content == "TTIT prefix='<think>\\n'"
+    assert r.choices[0].finish_reason == "length"
+    assert [t.logprob for t in r.choices[0].logprobs.content] == [-0.5, -1.0, -2.0]
+    assert r.usage.prompt_tokens == 10 and r.usage.completion_tokens == 3 and r.usage.total_tokens == 13
+    got = b.seen[-1]
+    assert np.array_equal(got.messages[1].images()[0].image, img)
+    assert (got.max_new_tokens, got.temperature, got.seed, got.prefix) == (4, 0.0, 1, "<think>\n")
+    # a string content and max_completion_tokens work too; without continue_final_message an
+    # assistant message is history, not a prefix
+    r = client.chat.completions.create(model="fake-model", max_completion_tokens=7,
+                                       messages=[{"role": "user", "content": "hi"}])
+    assert r.choices[0].message.content == "T prefix=''" and b.seen[-1].max_new_tokens == 7
+
+
+def test_api_key_is_enforced_health_is_open(fake):
     _, s = fake
-    client = openai.OpenAI(base_url=s.url + "/v1", api_key="k")
-    assert client.models.list().data[0].id == "fake-model"
-    r = client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
-    assert r.choices[0].message.content.startswith("images=0")
+    assert httpx.get(s.url + "/health").json()["status"] == "ok"
+    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "k"}):
+        r = httpx.get(s.url + "/v1/models", headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        r = httpx.post(s.url + "/v1/chat/completions", headers=headers, json={"messages": user()})
+        assert r.status_code == 401
+    assert httpx.get(s.url + "/v1/models", headers=KEY).status_code == 200
 
 
-def test_api_key_and_bad_payloads(fake):
+BAD = [
+    ({"messages": []}, "non-empty"),
+    ({}, "non-empty"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, "role"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "role"),
+    ({"messages": [{"role": "user", "content": 5}]}, "string or a list"),
+    ({"messages": user({"type": "video", "video": "x"})}, "text part or an image_url"),
+    ({"messages": user(img_part("file:///etc/passwd"))}, "never fetches"),
+    ({"messages": user(img_part("/etc/passwd"))}, "never fetches"),
+    ({"messages": user(img_part("data:text/plain;base64,aGk="))}, "data URL of an image"),
+    ({"messages": user(img_part("data:image/png;base64,@@@"))}, "not valid base64"),
+    ({"messages": user(img_part("data:image/png;base64," + base64.b64encode(b"not a png").decode()))}, "could not be decoded"),
+    ({"messages": [{"role": "assistant", "content": [img_part(image_data_url(image(h=4, w=4)))]}]}, "user messages only"),
+    ({"messages": user(), "stream": True}, "stream"),
+    ({"messages": user(), "n": 3}, "n=1"),
+    ({"messages": user(), "n": "two"}, "n must be an integer"),
+    ({"messages": user(), "temperature": -1}, "temperature must be between"),
+    ({"messages": user(), "temperature": "hot"}, "temperature must be a number"),
+    ({"messages": user(), "top_p": 0}, "top_p must be greater than 0"),
+    ({"messages": user(), "max_tokens": 0}, "max_tokens must be between"),
+    ({"messages": user(), "max_completion_tokens": 2.5}, "max_completion_tokens must be an integer"),
+    ({"messages": user(), "stop": [1, 2]}, "stop must be"),
+    ({"messages": user(), "top_logprobs": 3}, "top_logprobs"),
+    ({"messages": user(), "tools": [{"type": "function"}]}, "tool calling"),
+    ({"messages": user(), "continue_final_message": True}, "last message to be the assistant"),
+    ({"messages": user(), "add_generation_prompt": False}, "only supported with continue_final_message"),
+    ({"messages": user(), "model": 3}, "model must be a string"),
+]
+
+
+@pytest.mark.parametrize("body,needle", BAD, ids=[n for _, n in BAD])
+def test_bad_payloads_are_400_with_a_clear_message(fake, body, needle):
+    b, s = fake
+    r = httpx.post(s.url + "/v1/chat/completions", json=body, headers=KEY)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert needle in err["message"] and err["type"] == "invalid_request_error" and err["code"] == 400
+    assert not b.seen
+
+
+def test_other_errors_are_openai_shaped(fake):
     _, s = fake
-    h = {"Authorization": "Bearer k"}
-    assert httpx.get(s.url + "/v1/models").status_code == 401
-    cases = [
-        ({"messages": []}, "non-empty"),
-        ({"messages": [{"role": "robot", "content": "x"}]}, "role"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/a.png"}}]}]}, "data URL"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}]}]}, "decoded"),
-        ({"messages": [{"role": "user", "content": "x"}], "stream": True}, "stream"),
-        ({"messages": [{"role": "user", "content": "x"}], "n": 3}, "n=1"),
-        ({"messages": [{"role": "user", "content": "x"}], "temperature": -1}, "temperature"),
-    ]
-    for body, needle in cases:
-        r = httpx.post(s.url + "/v1/chat/completions", json=body, headers=h)
-        assert r.status_code == 400, body
-        assert needle in r.json()["error"]["message"]
-    r = httpx.post(s.url + "/v1/chat/completions", content=b"{nope", headers={**h, "content-type": "application/json"})
-    assert r.status_code == 400
+    h = {**KEY, "content-type": "application/json"}
+    for content, needle in ((b"{nope", "not valid JSON"), (b"[1, 2]", "JSON object")):
+        r = httpx.post(s.url + "/v1/chat/completions", content=content, headers=h)
+        assert r.status_code == 400 and needle in r.json()["error"]["message"]
+    r = httpx.post(s.url + "/v1/chat/completions", json={"model": "gpt-4", "messages": user()}, headers=KEY)
+    assert r.status_code == 404 and "'fake-model'" in r.json()["error"]["message"]
+    r = httpx.get(s.url + "/v1/nothing", headers=KEY)
+    assert r.status_code == 404 and "/v1/nothing" in r.json()["error"]["message"]
+    r = httpx.get(s.url + "/v1/chat/completions", headers=KEY)
+    assert r.status_code == 405 and "error" in r.json()
 
 
-def test_oversized_body_rejected():
-    with Server(create_app(FakeBackend(), "m", max_body_bytes=1000)) as s:
-        r = httpx.post(s.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x" * 5000}]})
+def test_the_server_never_fetches_an_image_url(fake):
+    _, s = fake
+    with socket.socket() as trap:
+        trap.bind(("127.0.0.1", 0))
+        trap.listen(1)
+        trap.setblocking(False)
+        url = f"http://127.0.0.1:{trap.getsockname()[1]}/frame.png"
+        r = httpx.post(s.url + "/v1/chat/completions", json={"messages": user(img_part(url))}, headers=KEY)
+        assert r.status_code == 400 and "never fetches" in r.json()["error"]["message"]
+        with pytest.raises(BlockingIOError):
+            trap.accept()  # nobody connected
+
+
+def test_oversized_bodies_and_images_are_refused():
+    b = FakeBackend()
+    with Server(create_app(b, "m", max_body_bytes=2000, max_image_pixels=32 * 32)) as s:
+        url = s.url + "/v1/chat/completions"
+        r = httpx.post(url, json={"messages": [{"role": "user", "content": "x" * 5000}]})
+        assert r.status_code == 413 and "over the limit" in r.json()["error"]["message"]
+
+        def chunks():  # no Content-Length: refused while streaming in
+            for _ in range(10):
+                yield b" " * 500
+
+        r = httpx.post(url, content=chunks(), headers={"content-type": "application/json"})
         assert r.status_code == 413
+        r = httpx.post(url, json={"messages": user(img_part(image_data_url(np.zeros((40, 40, 3), np.uint8))))})
+        assert r.status_code == 400 and "40x40 pixels is over the limit" in r.json()["error"]["message"]
+        assert not b.seen
 
 
-def test_4xx_is_a_clear_error_without_retries(fake):
-    b, s = fake
-    be = OpenAIBackend(s.url, api_key="wrong", max_retries=3, backoff_s=0.01)
-    with pytest.raises(BackendError, match="401"):
-        asyncio.run(be.generate([GenerateRequest(msgs(1))]))
+class CrashingBackend(FakeBackend):
+    async def generate(self, reqs):
+        if reqs[0].messages[-1].text() == "boom":
+            raise RuntimeError("kaboom")
+        raise BackendError("model out of memory")
 
 
-def test_5xx_is_retried(fake):
-    b, s = fake
-    b.fail_next = 2
-    be = OpenAIBackend(s.url, api_key="k", max_retries=3, backoff_s=0.01)
-    out = asyncio.run(be.generate([GenerateRequest(msgs(1))]))[0]
-    assert out.text.startswith("images=1")
+def test_backend_failures_are_500_json():
+    with Server(create_app(CrashingBackend(), "m")) as s:
+        for text, needle in (("boom", "RuntimeError: kaboom"), ("x", "model out of memory")):
+            r = httpx.post(s.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": text}]})
+            assert r.status_code == 500 and needle in r.json()["error"]["message"]
+            assert r.json()["error"]["type"] == "server_error"
 
 
-def test_dead_server_fails_fast_and_clearly():
-    be = OpenAIBackend(f"http://127.0.0.1:{free_port()}", model="m", max_retries=2, backoff_s=0.01, timeout_s=2)
-    t = time.time()
-    with pytest.raises(BackendError, match="unreachable after 3 tries"):
-        asyncio.run(be.generate([GenerateRequest(msgs(1))]))
-    assert time.time() - t < 10
+def test_parallel_episode_over_http_keeps_subagents_concurrent(tmp_path):
+    """A scripted model behind paravt serve: three crops of one turn travel as three concurrent HTTP
+    requests, arrive together (one batch), carry the right frames, and come back in call order."""
+    import re
+
+    from videotools import decode_stripe, make_test_video
+
+    from paravt.agent import EpisodeConfig, run_episode_sync
+    from paravt.backends.scripted import ScriptedBackend
+
+    fps = 4
+    video = make_test_video(tmp_path / "v.mp4", seconds=60, fps=fps, gop=20)
+
+    def sub(req):
+        s, e = map(float, re.search(r"between ([\d.]+) and ([\d.]+) seconds", req.messages[-1].text()).groups())
+        times = [decode_stripe(p.image) / fps for m in req.messages for p in m.images()]
+        inside = all(s - 0.5 <= t <= e + 0.5 for t in times)
+        return f"Window {s:g}-{e:g}: {len(times)} frames, inside={inside}."
+
+    def call(s, e):
+        return '<tool_call>{"name": "crop_video", "arguments": {"start_time": %s, "end_time": %s}}</tool_call>\n' % (s, e)
+
+    main = ["I will look closer.</think>\n" + call(40, 50) + call(0, 10) + call(20, 30),
+            "Settled.</think><answer>B</answer>"]
+    b = ScriptedBackend(main, sub=sub, latency_s=0.3, batch_window_s=0.2)
+    with Server(create_app(b, "scripted")) as s:
+        be = OpenAIBackend(s.url)
+        ep = run_episode_sync(be, video, "Which shape was red?\nA. square\nB. circle", EpisodeConfig(frames=8))
+    assert ep.answer == "B" and ep.error is None
+    turn = ep.turns[0]
+    assert [c.status for c in turn.calls] == ["ok"] * 3
+    assert 3 in b.batches  # the three sub-agent requests were served together
+    gens = [c.generation for c in turn.calls]
+    assert max(g.started for g in gens) < min(g.finished for g in gens)
+    resp = turn.tool_response
+    assert resp.index("Window 40-50: 10 frames, inside=True") < resp.index("Window 0-10: 10 frames, inside=True") \
+        < resp.index("Window 20-30: 10 frames, inside=True")
+    # the forced think prefix was continued by the server, not answered as a new turn
+    assert all(r.prefix == "<think>\n" for r in b.requests if r.messages[0].role == "system")
+    assert ep.main_visual_tokens == 8 * 4  # the scripted backend counts 4 tokens per image
 
 
-def test_several_endpoints_share_the_load():
-    backs = [FakeBackend(), FakeBackend()]
-    with Server(create_app(backs[0], "m")) as s1, Server(create_app(backs[1], "m")) as s2:
-        be = OpenAIBackend(s1.url, endpoints=[s1.url, s2.url], concurrency=2)
-        asyncio.run(be.generate([GenerateRequest(msgs(1)) for _ in range(8)]))
-    assert len(backs[0].seen) > 0 and len(backs[1].seen) > 0
+# ------------------------------------------------------------------------------------------
+# the tiny model, for real
 
 
-@pytest.mark.slow
-def test_episode_through_paravt_serve_on_tiny_model(tmp_path):
-    """`paravt serve` as a real process on the tiny model, a whole episode through the openai backend."""
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
     from paravt.models.tiny import build_tiny, save_pretrained
 
     model, processor = build_tiny(seed=0)
-    save_pretrained(model, processor, tmp_path / "tiny")
+    return save_pretrained(model, processor, tmp_path_factory.mktemp("tiny") / "tiny")
+
+
+def test_tiny_model_served_in_process_with_batching(tiny_dir):
+    import openai
+
+    from paravt.backends.hf import HFBackend
+    from paravt.models import load_model
+
+    model, processor = load_model(str(tiny_dir), device="cpu")
+    backend = HFBackend(model, processor, max_batch=8)
+    with Server(create_app(backend, "tiny")) as s:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
+        r = client.chat.completions.create(
+            model="tiny", max_tokens=6, temperature=0,
+            messages=[{"role": "user", "content": [{"type": "text", "text": "<0.0 seconds>"},
+                                                   img_part(image_data_url(image())),
+                                                   {"type": "text", "text": "What is shown?"}]}])
+        c = r.choices[0]
+        assert isinstance(c.message.content, str) and c.finish_reason in ("stop", "length")
+        assert 1 <= r.usage.completion_tokens <= 6
+        assert r.usage.prompt_tokens_details.image_tokens == 4  # 64x64, 16-px patches, 2x2 merge
+        assert r.usage.prompt_tokens > 4
+        # concurrent HTTP requests end up in one model batch (identical greedy rows, identical answers)
+        be = OpenAIBackend(s.url, concurrency=4, logprobs=True)
+        msg = [Message("user", [TextPart("<0.0 seconds>"), ImagePart(image()), TextPart("What is shown?")])]
+        n_batches = backend.batches_run
+        outs = asyncio.run(be.generate([GenerateRequest(msg, max_new_tokens=6) for _ in range(4)]))
+        assert len({o.text for o in outs}) == 1
+        assert backend.batches_run - n_batches < 4 and max(backend.batch_sizes) > 1
+        assert all(o.token_ids and len(o.logprobs) == len(o.token_ids) == o.completion_tokens for o in outs)
+        assert all(lp <= 0 for o in outs for lp in o.logprobs)
+
+
+@pytest.mark.slow
+def test_paravt_serve_process_runs_a_whole_episode(tiny_dir, tmp_path):
+    """`paravt serve` as its own process; an episode through the openai backend; then the server dies."""
+    from videotools import make_test_video
+
+    from paravt.agent import EpisodeConfig, run_episode_sync
+
     video = make_test_video(tmp_path / "v.mp4", seconds=30, fps=2)
     port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "paravt", "serve", "--model", str(tmp_path / "tiny"), "--port", str(port)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([sys.executable, "-m", "paravt", "serve", "--model", str(tiny_dir), "--port", str(port),
+                             "--api-key", "secret"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"
-        for _ in range(300):
+        deadline = time.time() + 90
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode()
+            assert time.time() < deadline, "paravt serve did not come up"
             try:
-                if httpx.get(url + "/health").status_code == 200:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
                     break
             except httpx.TransportError:
-                time.sleep(0.1)
-            if proc.poll() is not None:
-                raise AssertionError(proc.stdout.read().decode())
-        be = OpenAIBackend(url)
-        ep = run_episode_sync(be, video, "What is shown?", EpisodeConfig(frames=4, max_new_tokens=12, max_turns=2))
+                time.sleep(0.2)
+        be = OpenAIBackend(url, api_key="secret", timeout_s=60)
+        cfg = EpisodeConfig(frames=4, max_new_tokens=12, sub_max_new_tokens=8, max_turns=2)
+        ep = run_episode_sync(be, video, "What is shown?", cfg)
         assert ep.turns and ep.turns[0].generation.completion_tokens > 0
-        assert ep.main_visual_tokens == 4 * 6
-        # server killed mid-episode: a clear BackendError, not a hang
+        assert ep.main_visual_tokens > 0 and ep.error is None
+        json.dumps(ep.to_dict())
         proc.terminate()
-        proc.wait(10)
-        be2 = OpenAIBackend(url, max_retries=1, backoff_s=0.01, timeout_s=2)
-        with pytest.raises(BackendError):
-            run_episode_sync(be2, video, "What is shown?", EpisodeConfig(frames=4, max_new_tokens=4))
+        proc.wait(20)
+        # the server is gone: a clear BackendError, quickly, not a hang
+        be2 = OpenAIBackend(url, api_key="secret", max_retries=1, backoff_s=0.01, timeout_s=2)
+        t = time.time()
+        with pytest.raises(BackendError, match="unreachable after 2 tries"):
+            run_episode_sync(be2, video, "What is shown?", cfg)
+        assert time.time() - t < 10
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.wait(10)

@@ -11,12 +11,13 @@ from videotools import decode_stripe, make_audio_only, make_test_video
 FPS = 10
 
 
-@pytest.fixture(scope="module", params=[("libx264", 1), ("libx264", 50), ("mpeg4", 1), ("mpeg4", 40)],
-                ids=["h264-allkey", "h264-longgop", "mpeg4-allkey", "mpeg4-longgop"])
+@pytest.fixture(scope="module",
+                params=[("libx264", 1, 0), ("libx264", 50, 0), ("libx264", 50, 3), ("mpeg4", 1, 0), ("mpeg4", 40, 0)],
+                ids=["h264-allkey", "h264-longgop", "h264-longgop-bframes", "mpeg4-allkey", "mpeg4-longgop"])
 def striped(request, tmp_path_factory):
-    codec, gop = request.param
-    path = tmp_path_factory.mktemp("v") / f"{codec}_{gop}.mp4"
-    return make_test_video(path, seconds=20, fps=FPS, gop=gop, codec=codec)
+    codec, gop, bframes = request.param
+    path = tmp_path_factory.mktemp("v") / f"{codec}_{gop}_{bframes}.mp4"
+    return make_test_video(path, seconds=20, fps=FPS, gop=gop, codec=codec, bframes=bframes)
 
 
 def nearest_index(t: float) -> int:
@@ -82,6 +83,20 @@ def test_crop_errors(striped):
     with pytest.raises(VideoError, match="after the end"):
         r.crop(25, 30)
     assert len(r.crop(18, 1000)) == 2  # clamped to 20 s
+
+
+@pytest.mark.parametrize("hw,want", [
+    ((360, 640), (160, 288)),  # over budget: beta = sqrt(640*360/50176) = 2.14, floor to 32s
+    ((1080, 1920), (160, 288)),
+    ((480, 640), (192, 256)),
+    ((224, 224), (224, 224)),  # exactly the budget
+    ((64, 96), (64, 96)),  # inside the budget: only rounded to 32s
+    ((10, 10), (32, 32)),  # under min_pixels: scaled up
+    ((2000, 50), (1408, 32)),  # extreme aspect: the short side stays at one patch
+])
+def test_resize_matches_qwen_smart_resize(hw, want):
+    """Hand-computed with Qwen's smart_resize formula (factor 32, 784..50176 pixels)."""
+    assert resize_to_budget(*hw) == want
 
 
 def test_resize_budget():
@@ -210,3 +225,66 @@ def test_truncated_faststart_file_reads_what_is_there(tmp_path):
     frames = r.overview(4)
     assert len(frames) == 4
     assert all(0 <= f.timestamp <= r.duration + 0.2 for f in frames)
+
+
+def test_variable_frame_rate_uses_pts(tmp_path):
+    """Frame i is at times[i] (irregular gaps): index/fps would pick the wrong frames."""
+    times = [0.0, 0.15, 0.3, 0.7, 0.75, 2.0, 2.1, 5.0, 9.0, 9.05]
+    p = make_test_video(tmp_path / "vfr.mp4", fps=10, gop=4, times=times)
+    r = VideoReader(p)
+    assert r.duration == pytest.approx(9.05, abs=0.2)
+    asked = [0.1, 0.45, 0.72, 1.5, 3.0, 4.0, 8.0, 9.04]  # no ties
+    frames = r.frames_at(asked)
+    for t, f in zip(asked, frames):
+        want = min(range(len(times)), key=lambda i: (abs(times[i] - t), i))
+        assert decode_stripe(f.image) == want, (t, decode_stripe(f.image))
+        assert f.timestamp == pytest.approx(times[want], abs=1e-3)
+
+
+def test_dense_targets_decode_each_frame_once(tmp_path):
+    """Targets closer than the keyframe spacing (3.75 s vs 10 s GOP): one sequential pass,
+    not a re-seek (and a re-decode of the same GOP) per target."""
+    p = make_test_video(tmp_path / "gop10s.mp4", seconds=60, fps=10, gop=100)
+    r = VideoReader(p)
+    frames = r.overview(16)
+    assert [decode_stripe(f.image) for f in frames] == [round(t * 10) for t in overview_times(60.0, 16)]
+    assert r.frames_decoded <= 600
+
+
+def test_sparse_targets_seek_per_target(tmp_path):
+    """Targets farther apart than keyframes: one seek each, at most a GOP of decoding per target."""
+    p = make_test_video(tmp_path / "gop2s.mp4", seconds=60, fps=10, gop=20)
+    r = VideoReader(p)
+    frames = r.overview(4)
+    assert [decode_stripe(f.image) for f in frames] == [round(t * 10) for t in overview_times(60.0, 4)]
+    assert r.frames_decoded <= 4 * (20 + 1)
+
+
+def test_all_keyframe_crop_decodes_only_near_targets(tmp_path):
+    p = make_test_video(tmp_path / "intra.mp4", seconds=60, fps=10, gop=1)
+    r = VideoReader(p)
+    frames = r.crop(30, 40)
+    assert [decode_stripe(f.image) for f in frames] == [round(t * 10) for t in sample_times(30, 40)]
+    assert r.frames_decoded <= 2 * len(frames) + 2
+
+
+@pytest.mark.parametrize("call", [
+    lambda r: r.crop(-1, 3),
+    lambda r: r.crop(float("nan"), 3),
+    lambda r: r.frames_at([-0.5]),
+    lambda r: r.frames_at([1.0, float("nan")]),
+    lambda r: r.frames_at([r.duration + 5]),
+], ids=["crop-negative", "crop-nan", "frames-negative", "frames-nan", "frames-past-end"])
+def test_bad_times_raise_video_error(tmp_path, call):
+    p = make_test_video(tmp_path / "v.mp4", seconds=2, fps=10)
+    with pytest.raises(VideoError) as e:
+        call(VideoReader(p))
+    assert str(p) in str(e.value)
+
+
+def test_context_manager_closes(tmp_path):
+    p = make_test_video(tmp_path / "v.mp4", seconds=2, fps=10)
+    with VideoReader(p) as r:
+        assert len(r.crop(0, 2)) == 2
+    assert r._containers == []
+    assert len(r.overview(2)) == 2  # reopens lazily after close

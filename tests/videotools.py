@@ -42,26 +42,47 @@ def make_test_video(
     size: tuple[int, int] = (64, 96),
     gop: int = 1,
     codec: str = "libx264",
+    stripe: bool = True,
+    bframes: int = 0,
     frames=None,
+    times: list[float] | None = None,
 ) -> Path:
-    """Write an MP4 whose frame i shows stripe i. gop=1: all keyframes; larger: long GOP."""
+    """Write an MP4 whose frame i shows stripe i (or a plain moving pattern with stripe=False).
+
+    gop=1: all keyframes; larger: long GOP. bframes > 0 (H.264 only) reorders frames so pts
+    and dts differ. `times` (seconds, increasing) gives each frame its own pts: a
+    variable-frame-rate file with len(times) frames; `seconds`/`fps` then only set the codec rate.
+    """
     import av
 
     path = Path(path)
     h, w = size
-    n = int(round(seconds * fps))
+    n = len(times) if times is not None else int(round(seconds * fps))
     with av.open(str(path), mode="w") as out:
         stream = out.add_stream(codec, rate=Fraction(fps, 1) if isinstance(fps, int) else fps)
         stream.width, stream.height = w, h
         stream.pix_fmt = "yuv420p"
         stream.gop_size = gop
+        if times is not None:
+            stream.codec_context.time_base = Fraction(1, 1000)
         if codec == "libx264":
-            stream.options = {"g": str(gop), "keyint_min": str(gop), "sc_threshold": "0", "preset": "ultrafast", "crf": "18"}
+            stream.options = {"g": str(gop), "keyint_min": str(gop), "sc_threshold": "0", "preset": "ultrafast",
+                              "crf": "18", "bf": str(bframes)}
         else:
             stream.bit_rate = 800_000
         for i in range(n):
-            img = stripe_frame(i, h, w) if frames is None else frames(i)
+            if frames is not None:
+                img = frames(i)
+            elif stripe:
+                img = stripe_frame(i, h, w)
+            else:
+                img = np.zeros((h, w, 3), np.uint8)
+                img[:, (i * 3) % w] = 255
+                img[..., 1] = (i * 7) % 256
             frame = av.VideoFrame.from_ndarray(img, format="rgb24")
+            if times is not None:
+                frame.pts = int(round(times[i] * 1000))
+                frame.time_base = Fraction(1, 1000)
             for packet in stream.encode(frame):
                 out.mux(packet)
         for packet in stream.encode():

@@ -23,6 +23,8 @@ EventHook = Callable[[str, dict], None]
 
 @dataclass
 class EpisodeConfig:
+    """How an episode runs; the defaults are the paper's evaluation settings (SPEC §1)."""
+
     mode: str = "parallel"  # parallel | sequential | inline | none
     frames: int = 64  # overview K
     max_turns: int = 3
@@ -50,6 +52,13 @@ class EpisodeConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 1 <= self.sub_min_frames <= self.sub_max_frames:
             raise ValueError("need 1 <= sub_min_frames <= sub_max_frames")
+        for name in ("answer_max_new_tokens_mcq", "answer_max_new_tokens_tvg", "answer_max_new_tokens_oe"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.sub_fps <= 0 or self.call_timeout_s <= 0:
+            raise ValueError("sub_fps and call_timeout_s must be positive")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}")
 
     @classmethod
     def from_dict(cls, d: dict) -> "EpisodeConfig":
@@ -58,6 +67,16 @@ class EpisodeConfig:
         if unknown:
             raise ValueError(f"unknown episode config keys: {', '.join(sorted(unknown))}")
         return cls(**d)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "EpisodeConfig":
+        """A config from a YAML mapping of field names (missing fields keep their defaults)."""
+        import yaml
+
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: an episode config must be a YAML mapping")
+        return cls.from_dict(data)
 
     @property
     def prefix(self) -> str:
@@ -248,153 +267,231 @@ async def run_episode(
     on_event: EventHook | None = None,
     overview_frames: int | None = None,
 ) -> Episode:
-    """Run one episode. Raises VideoError when the episode's own video cannot be read, and
-    BackendError when the main agent's model cannot be reached; everything that goes wrong
-    inside a tool call stays inside that call's response."""
+    """Run one episode (SPEC §1). Raises VideoError when the episode's own video cannot be read,
+    and BackendError when the main agent's model cannot be reached; everything that goes wrong
+    inside a tool call stays inside that call's <tool_response>.
+
+    on_event(name, payload) sees, in order: overview, then per turn turn_started, think (if any),
+    generated, calls_dispatched, subcall_finished (one per call, as each finishes), tool_response;
+    finally answer. `overview_frames` overrides config.frames (nFrames gating in training)."""
     cfg = config or EpisodeConfig()
     if question_type not in P.QUESTION_TYPES:
-        raise ValueError(f"question_type must be one of {P.QUESTION_TYPES}, got {question_type!r}")
-    emit = on_event or (lambda name, payload: None)
+        raise ValueError(f"question_type must be one of {', '.join(P.QUESTION_TYPES)}, got {question_type!r}")
+    emit: EventHook = on_event or (lambda name, payload: None)
     t0 = time.perf_counter()
-    now = lambda: time.perf_counter() - t0  # noqa: E731
-    reader = video if isinstance(video, VideoReader) else VideoReader(video)
-    k = overview_frames or cfg.frames
+    own = not isinstance(video, VideoReader)
+    # probing opens and reads the file: off the event loop, so concurrent episodes keep going
+    reader = await asyncio.to_thread(VideoReader, video) if own else video
+    state = {"abandoned_decode": False}
+    try:
+        return await _episode(backend, reader, question, cfg, question_type, subtitles, emit,
+                              lambda: time.perf_counter() - t0, overview_frames or cfg.frames, state)
+    finally:
+        # A decode that timed out may still run in the pool: closing its container under it
+        # is unsafe, so such a reader is left to the garbage collector.
+        if own and not state["abandoned_decode"]:
+            reader.close()
+
+
+async def _episode(backend: Backend, reader: VideoReader, question: str, cfg: EpisodeConfig, question_type: str,
+                   subtitles: str | None, emit: EventHook, now: Callable[[], float], k: int, state: dict) -> Episode:
     frames = await reader.aoverview(k)
     ep = Episode(video=str(reader.path), question=question, question_type=question_type, config=cfg,
                  duration=reader.duration, overview_times=[f.timestamp for f in frames])
     emit("overview", {"times": ep.overview_times, "duration": ep.duration})
-    messages = build_main_messages(frames, reader.duration, question, question_type, cfg.mode, cfg.max_parallel, subtitles)
+    messages = build_main_messages(frames, reader.duration, question, question_type, cfg.mode, cfg.max_parallel,
+                                   subtitles)
     prefix = cfg.prefix
 
     for turn_index in range(cfg.max_turns):
         last = turn_index == cfg.max_turns - 1
-        forced = last and turn_index > 0
-        max_new = cfg.answer_tokens(question_type) if forced else cfg.max_new_tokens
-        req = GenerateRequest(messages=list(messages), max_new_tokens=max_new, temperature=cfg.temperature,
-                              top_p=cfg.top_p, prefix=prefix, seed=None if cfg.seed is None else cfg.seed + turn_index,
-                              role="main")
+        forced = last and turn_index > 0  # the previous tool response carried the answer-now instruction
+        req = GenerateRequest(messages=list(messages), max_new_tokens=cfg.answer_tokens(question_type) if forced
+                              else cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, prefix=prefix,
+                              seed=None if cfg.seed is None else cfg.seed + turn_index, role="main")
         emit("turn_started", {"turn": turn_index, "forced_answer": forced})
         started = now()
         completion = (await backend.generate([req]))[0]
         gen = _record(completion, prefix, started, now(), req.messages)
         turn = P.parse(completion.text, prefix=prefix)
-        ep.main_visual_tokens = max(ep.main_visual_tokens, completion.visual_tokens)
-        ep.main_prompt_tokens_final = completion.prompt_tokens
-        emit("generated", {"turn": turn_index, "text": completion.text, "think": turn.think, "answer": turn.answer,
-                           "calls": [c.arguments for c in turn.calls], "problems": [p.kind for p in turn.problems]})
         main_turn = MainTurn(index=turn_index, generation=gen, parsed=turn.to_dict(), calls=[], tool_response=None,
                              forced_answer=forced)
         ep.turns.append(main_turn)
+        ep.main_visual_tokens = max(ep.main_visual_tokens, completion.visual_tokens)
+        ep.main_prompt_tokens_final = completion.prompt_tokens
+        if completion.error or completion.finish_reason == "error":
+            ep.error = f"the main agent's model failed: {completion.error or 'no reason given'}"
+            break
+        if turn.think:
+            emit("think", {"turn": turn_index, "text": turn.think, "closed": turn.think_closed})
+        emit("generated", {"turn": turn_index, "text": completion.text, "think": turn.think, "answer": turn.answer,
+                           "calls": [c.arguments for c in turn.calls], "problems": [p.kind for p in turn.problems],
+                           "finish_reason": completion.finish_reason})
         ep.n_parsed_calls += len(turn.calls)
 
-        wants_tools = (turn.calls or turn.bad_calls) and cfg.mode != "none"
-        if turn.answer is not None and turn.answer_closed or not wants_tools or last:
+        wants_tools = bool(turn.calls or turn.bad_calls) and cfg.mode != "none"
+        if (turn.answer is not None and turn.answer_closed) or not wants_tools or last:
             break
 
-        subcalls, response_parts = await _dispatch(backend, reader, turn, turn_index, cfg, question, now, emit)
+        subcalls, parts = await _dispatch(backend, reader, turn, turn_index, cfg, question, now, emit, state)
         main_turn.calls = subcalls
         ep.n_executed_calls += sum(1 for c in subcalls if c.status == "ok")
         if turn_index + 1 == cfg.max_turns - 1:
-            response_parts.append(TextPart("\n" + P.final_answer_instruction(question_type)))
-        main_turn.tool_response = "".join(p.text for p in response_parts if isinstance(p, TextPart))
+            parts.append(TextPart("\n" + P.final_answer_instruction(question_type)))
+        main_turn.tool_response = "".join(p.text for p in parts if isinstance(p, TextPart))
+        emit("tool_response", {"turn": turn_index, "text": main_turn.tool_response})
+        # token-exact continuation: the backend re-feeds the ids it produced, not a re-tokenized text
         messages.append(Message("assistant", prefix + completion.text, token_ids=completion.assistant_ids))
-        messages.append(Message("user", response_parts))
+        messages.append(Message("user", parts))
 
     ep.answer = P.extract_answer(prefix + ep.turns[-1].generation.text) if ep.turns else None
     ep.wall_time = now()
-    emit("answer", {"answer": ep.answer, "wall_time": ep.wall_time})
+    emit("answer", {"answer": ep.answer, "wall_time": ep.wall_time, "error": ep.error})
     return ep
 
 
-async def _dispatch(backend: Backend, reader: VideoReader, turn: P.Turn, turn_index: int, cfg: EpisodeConfig,
-                    question: str, now, emit) -> tuple[list[SubCall], list]:
-    """Run the calls of one turn; returns their records and the user-turn content that reports them."""
-    limit = 1 if cfg.mode == "sequential" else cfg.max_parallel
-    run_now = turn.calls[:limit]
-    emit("calls_dispatched", {"turn": turn_index, "calls": [c.arguments for c in run_now]})
+def ordered_calls(turn: P.Turn) -> list[tuple[P.ToolCall | None, str, str | None]]:
+    """Every call the model wrote, readable (call, raw, None) or not (None, raw, problem), in the
+    order written, so that the responses come back in call order. protocol.Turn keeps the two
+    kinds in separate lists; their places are found again in the turn's text."""
+    items = [(c, c.raw, None) for c in turn.calls] + [(None, raw, why) for raw, why in turn.bad_calls]
+    cursor: dict[str, int] = {}
+    keyed = []
+    for n, (call, raw, why) in enumerate(items):
+        pos = turn.text.find(raw, cursor.get(raw, 0)) if raw.strip() else -1
+        if pos >= 0:
+            cursor[raw] = pos + 1
+        keyed.append((pos if pos >= 0 else len(turn.text) + n, n, (call, raw, why)))
+    return [item for _, _, item in sorted(keyed, key=lambda k: (k[0], k[1]))]
 
-    # Two phases so the sub-agents reach the backend together and share one batch: first
-    # every window is validated and decoded concurrently, then every sub-agent is asked at once.
-    async def prepare(i: int, call: P.ToolCall) -> tuple[SubCall, list, GenerateRequest | None]:
-        started = now()
-        sub = SubCall(turn=turn_index, index=i, call={"name": call.name, "arguments": call.arguments}, start=None,
-                      end=None, status="error", error=None, response="", frame_times=[], generation=None,
-                      started=started, finished=started)
-        extra: list = []
-        req = None
+
+async def _dispatch(backend: Backend, reader: VideoReader, turn: P.Turn, turn_index: int, cfg: EpisodeConfig,
+                    question: str, now: Callable[[], float], emit: EventHook, state: dict) -> tuple[list[SubCall], list]:
+    """Run the calls of one turn; returns their records (in call order) and the user-turn content
+    that reports them."""
+    limit = 1 if cfg.mode == "sequential" else cfg.max_parallel
+    why_skipped = ("this mode runs one call per turn; call it again next turn if still needed"
+                   if cfg.mode == "sequential" else f"at most {cfg.max_parallel} calls run per turn")
+    records: list[tuple[SubCall, list, P.ToolCall | None]] = []  # (record, inline frame parts, call to run)
+    n_run = 0
+    for index, (call, raw, problem) in enumerate(ordered_calls(turn)):
+        t = now()
+        sub = SubCall(turn=turn_index, index=index, call={"name": None, "arguments": None, "raw": raw[:500]},
+                      start=None, end=None, status="error", error=None, response="", frame_times=[],
+                      generation=None, started=t, finished=t)
+        if call is None:
+            sub.error = problem
+            sub.response = P.format_error(f"could not read this tool call ({problem}); write it as "
+                                          + P.format_tool_call(10, 20))
+            records.append((sub, [], None))
+            continue
+        sub.call = {"name": call.name, "arguments": call.arguments}
+        if n_run >= limit:
+            sub.status, sub.error = "skipped", why_skipped
+            sub.response = P.format_error(f"not run: {why_skipped}")
+            records.append((sub, [], None))
+            continue
+        n_run += 1
+        records.append((sub, [], call))
+
+    emit("calls_dispatched", {"turn": turn_index, "calls": [
+        {"index": s.index, "status": "run" if c is not None else s.status, "arguments": s.call.get("arguments"),
+         "error": s.error} for s, _, c in records]})
+
+    def finish(sub: SubCall, ran: bool = True) -> None:
+        sub.finished = now()
+        if sub.status == "error" and not sub.response:
+            sub.response = P.format_error(sub.error or "the call failed")
+        emit("subcall_finished", {"turn": turn_index, "index": sub.index, "start": sub.start, "end": sub.end,
+                                  "status": sub.status, "error": sub.error, "response": sub.response,
+                                  "seconds": sub.finished - sub.started, "ran": ran})
+
+    for sub, _, call in records:
+        if call is None:  # unreadable or over the limit: answered without running
+            finish(sub, ran=False)
+
+    # Two phases so that the sub-agents reach the backend together and share one batch: first
+    # every window is validated and decoded concurrently (on the reader's pool), then every
+    # sub-agent is asked at once. One time budget (call_timeout_s) covers both phases of a call.
+    async def prepare(sub: SubCall, call: P.ToolCall) -> tuple[list, GenerateRequest | None, float]:
+        extra, req = await _prepare(sub, call)
+        return extra, req, now() - sub.started
+
+    async def _prepare(sub: SubCall, call: P.ToolCall) -> tuple[list, GenerateRequest | None]:
         try:
-            args = P.crop_args(call, reader.duration)
+            args = P.crop_args(call, reader.duration)  # never reads a model-written path
             sub.start, sub.end = args.start, args.end
-            frames = await asyncio.wait_for(
-                reader.acrop(args.start, args.end, fps=cfg.sub_fps, max_frames=cfg.sub_max_frames,
-                             num_frames=args.num_frames),
-                timeout=cfg.call_timeout_s)
+            try:
+                frames = await asyncio.wait_for(
+                    reader.acrop(args.start, args.end, fps=cfg.sub_fps, max_frames=cfg.sub_max_frames,
+                                 num_frames=args.num_frames),
+                    timeout=cfg.call_timeout_s)
+            except asyncio.TimeoutError:
+                state["abandoned_decode"] = True
+                raise
             if len(frames) < cfg.sub_min_frames:
-                raise VideoError(f"only {len(frames)} frames in the window")
+                raise VideoError(f"only {len(frames)} frames in the window, fewer than {cfg.sub_min_frames}")
             sub.frame_times = [f.timestamp for f in frames]
             if cfg.mode == "inline":
-                extra = frame_parts(frames)
-                sub.response = f"{len(frames)} frames of {args.start:.1f}-{args.end:.1f} seconds follow."
                 sub.status = "ok"
-            else:
-                msgs = build_subagent_messages(frames, args.start, args.end,
-                                               question if cfg.subagent_sees_question else None)
-                req = GenerateRequest(messages=msgs, max_new_tokens=cfg.sub_max_new_tokens, temperature=cfg.temperature,
-                                      top_p=cfg.top_p, seed=None if cfg.seed is None else cfg.seed + 1000 + i, role="sub")
+                sub.response = f"{len(frames)} frames of {args.start:.1f}-{args.end:.1f} seconds follow."
+                return frame_parts(frames), None
+            msgs = build_subagent_messages(frames, args.start, args.end,
+                                           question if cfg.subagent_sees_question else None)
+            return [], GenerateRequest(messages=msgs, max_new_tokens=cfg.sub_max_new_tokens,
+                                       temperature=cfg.temperature, top_p=cfg.top_p, role="sub",
+                                       seed=None if cfg.seed is None else cfg.seed + 1000 * (turn_index + 1) + sub.index)
         except P.ToolCallError as e:
             sub.error = str(e)
         except VideoError as e:
             sub.error = f"could not read the video window: {str(e).split(': ', 1)[-1]}"
         except asyncio.TimeoutError:
             sub.error = f"decoding the window took longer than {cfg.call_timeout_s:g} seconds"
-        return sub, extra, req
+        except Exception as e:  # noqa: BLE001 - failure is local to the call (SPEC §1.6)
+            sub.error = f"the call failed ({type(e).__name__}: {e})"
+        return [], None
 
-    async def ask(sub: SubCall, req: GenerateRequest) -> None:
+    async def ask(sub: SubCall, req: GenerateRequest, decode_s: float) -> None:
         g_started = now()
+        # the call's own decode time counts against its budget; waiting for its siblings' decodes does not
+        budget = cfg.call_timeout_s - decode_s
         try:
-            c = (await asyncio.wait_for(backend.generate([req]), timeout=cfg.call_timeout_s))[0]
+            if budget <= 0:
+                raise asyncio.TimeoutError
+            c = (await asyncio.wait_for(backend.generate([req]), timeout=budget))[0]
             sub.generation = _record(c, "", g_started, now(), req.messages)
-            sub.response = summary_of(c.text)
-            sub.status = "ok"
+            if c.error or c.finish_reason == "error":
+                sub.error = f"the helper model failed: {c.error or 'no reason given'}"
+            else:
+                sub.response, sub.status = summary_of(c.text), "ok"
         except asyncio.TimeoutError:
             sub.error = f"the call took longer than {cfg.call_timeout_s:g} seconds and was stopped"
         except BackendError as e:
             sub.error = f"the helper model failed: {e}"
+        except Exception as e:  # noqa: BLE001 - failure is local to the call
+            sub.error = f"the helper model failed ({type(e).__name__}: {e})"
+        finish(sub)
 
-    prepared = await asyncio.gather(*[prepare(i, c) for i, c in enumerate(run_now)])
-    await asyncio.gather(*[ask(sub, req) for sub, _, req in prepared if req is not None])
-    results = []
-    for sub, extra, _ in prepared:
-        if sub.status != "ok":
-            sub.response = P.format_error(sub.error or "failed")
-        sub.finished = now()
-        emit("subcall_finished", {"turn": turn_index, "index": sub.index, "start": sub.start, "end": sub.end,
-                                  "status": sub.status, "response": sub.response})
-        results.append((sub, extra))
-    subcalls = [r[0] for r in results]
+    to_run = [(i, sub, call) for i, (sub, _, call) in enumerate(records) if call is not None]
+    prepared = await asyncio.gather(*[prepare(sub, call) for _, sub, call in to_run])
+    asks = []
+    for (i, sub, _), (extra, req, decode_s) in zip(to_run, prepared):
+        records[i] = (sub, extra, None)
+        if req is None:
+            finish(sub)
+        else:
+            asks.append(ask(sub, req, decode_s))
+    await asyncio.gather(*asks)
+
     parts: list = []
-    for sub, extra in results:
-        if extra:
+    for sub, extra, _ in records:
+        if extra:  # inline mode: the frames themselves, inside this call's response
             parts.append(TextPart(P.TOOL_RESPONSE_OPEN + "\n" + sub.response + "\n"))
             parts += extra
             parts.append(TextPart("\n" + P.TOOL_RESPONSE_CLOSE + "\n"))
         else:
             parts.append(TextPart(P.format_tool_response(sub.response) + "\n"))
-    why = ("this mode runs one call per turn; call it again next turn if still needed" if cfg.mode == "sequential"
-           else f"at most {cfg.max_parallel} calls run per turn")
-    for j, call in enumerate(turn.calls[limit:], start=len(run_now)):
-        msg = P.format_error(f"not run: {why}")
-        subcalls.append(SubCall(turn=turn_index, index=j, call={"name": call.name, "arguments": call.arguments},
-                                start=None, end=None, status="skipped", error=why, response=msg, frame_times=[],
-                                generation=None, started=now(), finished=now()))
-        parts.append(TextPart(P.format_tool_response(msg) + "\n"))
-    for j, (raw, problem) in enumerate(turn.bad_calls, start=len(subcalls)):
-        msg = P.format_error(f"could not read this tool call ({problem}); write it as " + P.format_tool_call(10, 20))
-        subcalls.append(SubCall(turn=turn_index, index=j, call={"raw": raw[:500]}, start=None, end=None, status="error",
-                                error=problem, response=msg, frame_times=[], generation=None, started=now(),
-                                finished=now()))
-        parts.append(TextPart(P.format_tool_response(msg) + "\n"))
-    return subcalls, parts
+    return [r[0] for r in records], parts
 
 
 def run_episode_sync(*args: Any, **kwargs: Any) -> Episode:

@@ -1,22 +1,36 @@
-"""`paravt ask`: one episode, printed as it happens."""
+"""`paravt ask`: one episode on one video, printed as it happens."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
+from typing import Callable
 
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 
 from paravt.agent import Episode, EpisodeConfig, run_episode
 
+# Where a trained tiny checkpoint ships with the package; PARAVT_MODEL overrides it.
 DEFAULT_MODEL = Path(__file__).parent / "assets" / "tiny-paravt"
 
 
+def default_model() -> str | None:
+    """The model used when none is given: $PARAVT_MODEL, else the shipped checkpoint, else None."""
+    env = os.environ.get("PARAVT_MODEL")
+    if env:
+        return env
+    return str(DEFAULT_MODEL) if (DEFAULT_MODEL / "config.json").exists() else None
+
+
 def make_backend(model: str | None, *, api_key: str | None = None, console: Console | None = None):
-    """A URL gives the OpenAI-compatible client; a path or hub id loads the model in-process."""
+    """A URL gives the OpenAI-compatible client; a path or hub id loads the model in-process.
+    Raises ModelLoadError (bad path) or BackendError (bad URL) with a one-line reason."""
     console = console or Console(stderr=True)
+    model = model or default_model()
     if model and model.startswith(("http://", "https://")):
         from paravt.backends.openai import OpenAIBackend
 
@@ -25,58 +39,99 @@ def make_backend(model: str | None, *, api_key: str | None = None, console: Cons
     from paravt.models import load_model
 
     if model is None:
-        if (DEFAULT_MODEL / "config.json").exists():
-            model = str(DEFAULT_MODEL)
-        else:
-            from paravt.models.tiny import build_tiny
+        from paravt.models.tiny import build_tiny
 
-            console.print("[yellow]no model given and no shipped model found: using an untrained tiny Qwen3-VL "
-                          "(its output is noise; pass --model)[/yellow]")
-            m, p = build_tiny()
-            return HFBackend(m, p)
-    m, p = load_model(model)
-    return HFBackend(m, p)
+        console.print("[yellow]warning: no --model given and no shipped model found: using an untrained tiny "
+                      "Qwen3-VL, whose output is noise[/yellow]")
+        return HFBackend(*build_tiny())
+    return HFBackend(*load_model(model))
 
 
-def live_printer(console: Console):
+def _window(args: dict | None) -> str:
+    if not isinstance(args, dict):
+        return "?"
+    s, e = args.get("start_time", args.get("start", "?")), args.get("end_time", args.get("end", "?"))
+    return f"{s}–{e} s"
+
+
+def live_printer(console: Console, status=None) -> Callable[[str, dict], None]:
+    """An on_event hook that prints the episode as it happens (and updates a rich Status line)."""
+
+    def say(text: str) -> None:
+        if status is not None:
+            status.update(text)
+
     def on_event(name: str, p: dict) -> None:
         if name == "overview":
             console.print(f"[dim]overview: {len(p['times'])} frames over {p['duration']:.1f} s[/dim]")
+        elif name == "turn_started":
+            console.rule(f"turn {p['turn'] + 1}" + (" · answer now" if p["forced_answer"] else ""), style="dim")
+            say(f"turn {p['turn'] + 1}: the main agent is thinking…")
+        elif name == "think":
+            console.print(Panel(escape(p["text"]), title=f"turn {p['turn'] + 1} · think", border_style="blue"))
         elif name == "generated":
-            if p.get("think"):
-                console.print(Panel(p["think"], title=f"turn {p['turn'] + 1} · think", border_style="blue"))
+            if not p.get("think") and p.get("text") and p.get("answer") is None and not p.get("calls"):
+                console.print(Panel(escape(p["text"][:1000]), title=f"turn {p['turn'] + 1} · output",
+                                    border_style="blue"))
             for prob in p.get("problems", []):
-                console.print(f"[yellow]  parse problem: {prob}[/yellow]")
-        elif name == "calls_dispatched" and p["calls"]:
-            windows = ", ".join(f"{a.get('start_time', a.get('start', '?'))}–{a.get('end_time', a.get('end', '?'))} s"
-                                for a in p["calls"])
-            console.print(f"[cyan]→ dispatching {len(p['calls'])} crop(s) in parallel: {windows}[/cyan]")
+                console.print(f"[yellow]  format problem: {prob}[/yellow]")
+        elif name == "calls_dispatched":
+            calls = p["calls"]
+            run = [c for c in calls if c["status"] == "run"]
+            if run:
+                console.print(f"[cyan]→ {len(run)} crop(s) dispatched at once: "
+                              + ", ".join(_window(c["arguments"]) for c in run) + "[/cyan]")
+                say(f"turn {p['turn'] + 1}: {len(run)} sub-agent(s) watching their windows…")
+            for c in calls:
+                if c["status"] != "run":
+                    console.print(f"[yellow]  call {c['index'] + 1} {c['status']}: {escape(str(c['error']))}[/yellow]")
         elif name == "subcall_finished":
+            if not p.get("ran", True):
+                return  # skipped or unreadable: already reported at dispatch
             style = "green" if p["status"] == "ok" else "red"
             span = f"{p['start']:.1f}–{p['end']:.1f} s" if p["start"] is not None else "?"
-            console.print(f"  [{style}]sub-agent {p['index'] + 1} ({span}):[/{style}] {p['response'][:300]}")
+            console.print(f"  [{style}]sub-agent {p['index'] + 1} ({span}, {p['seconds']:.1f} s):[/{style}] "
+                          + escape(p["response"][:400]))
         elif name == "answer":
-            console.print(Panel(str(p["answer"]), title=f"answer ({p['wall_time']:.1f} s)", border_style="green"))
+            text = "(no answer)" if p["answer"] is None else str(p["answer"])
+            if p.get("error"):
+                console.print(f"[red]{escape(p['error'])}[/red]")
+            console.print(Panel(escape(text), title=f"answer · {p['wall_time']:.1f} s", border_style="green"))
 
     return on_event
 
 
-def ask(video: str, question: str, *, model: str | None, config: EpisodeConfig, question_type: str,
-        json_path: str | None, timeline_path: str | None, api_key: str | None = None,
-        console: Console | None = None) -> Episode:
+def ask(video: str, question: str, *, model: str | None, config: EpisodeConfig, question_type: str = "mcq",
+        json_path: str | None = None, timeline_path: str | None = None, api_key: str | None = None,
+        subtitles: str | None = None, console: Console | None = None, backend=None) -> Episode:
+    """Run one episode, print it live, optionally write its JSON trace and timeline picture.
+    The video is opened first so that a bad file fails before a model is loaded. `backend`
+    replaces the one `model` names (tests, embedding)."""
+    from paravt import protocol as P
+    from paravt.video import VideoReader
+
     console = console or Console()
-    backend = make_backend(model, api_key=api_key, console=console)
+    if question_type not in P.QUESTION_TYPES:
+        raise ValueError(f"--question-type must be one of {', '.join(P.QUESTION_TYPES)}, got {question_type!r}")
+    if not question.strip():
+        raise ValueError("the question is empty")
+    reader = VideoReader(video)
+    try:
+        backend = backend or make_backend(model, api_key=api_key, console=console)
 
-    async def go() -> Episode:
-        try:
-            return await run_episode(backend, video, question, config, question_type=question_type,
-                                     on_event=live_printer(console))
-        finally:
-            await backend.aclose()
+        async def go() -> Episode:
+            try:
+                with console.status("reading the video…") as status:
+                    return await run_episode(backend, reader, question, config, question_type=question_type,
+                                             subtitles=subtitles, on_event=live_printer(console, status))
+            finally:
+                await backend.aclose()
 
-    with console.status("running episode…"):
         ep = asyncio.run(go())
+    finally:
+        reader.close()
     if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(ep.to_dict(), indent=1))
         console.print(f"[dim]trace written to {json_path}[/dim]")
     if timeline_path:

@@ -75,7 +75,7 @@ def ask(
                             temperature=temperature, max_new_tokens=max_new_tokens)
         run_ask(video, question, model=model, config=cfg, question_type=question_type, json_path=json_out,
                 timeline_path=timeline, api_key=api_key)
-    except (VideoError, ModelLoadError, BackendError, ValueError) as e:
+    except (VideoError, ModelLoadError, BackendError, ValueError, OSError) as e:
         typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
 
@@ -109,66 +109,27 @@ def synth(
     max_len: float = typer.Option(600.0, help="Longest video, seconds."),
     size: int = typer.Option(64, help="Frame side, pixels."),
     fps: int = typer.Option(2, help="Native frame rate."),
+    per_video: int = typer.Option(5, help="Questions per video (one is an overview-answerable control)."),
+    event_min: float = typer.Option(1.0, help="Shortest event, seconds."),
+    event_max: float = typer.Option(8.0, help="Longest event, seconds."),
+    k_for_oracle: str = typer.Option("4,8,16,32,64", help="Overview sizes K the oracle trajectories use (one drawn per question)."),
 ) -> None:
     """Write a SynthVT split: MP4 videos, ParaVT-Parquet RL rows, oracle SFT rows, annotations."""
-    from paravt.synth.dataset import synth_command
+    from paravt.synth.commands import parse_ks, synth_command
+    from paravt.synth.dataset import SynthConfig
 
     try:
-        synth_command(out, n, seed, split, min_len, max_len, size, fps)
-    except ValueError as e:
+        cfg = SynthConfig(n=n, seed=seed, split=split, min_len=min_len, max_len=max_len, size=size, fps=fps,
+                          per_video=per_video, event_min=event_min, event_max=event_max, oracle_k=parse_ks(k_for_oracle))
+        synth_command(out, cfg)
+    except (ValueError, OSError) as e:
         typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
 
 
-eval_app = typer.Typer(help="Evaluate on a benchmark (paravt eval --bench ...) or compare runs (paravt eval report).",
-                       invoke_without_command=True, no_args_is_help=True)
+from paravt.eval.commands import eval_app  # noqa: E402  (typer only; bodies import lazily)
+
 app.add_typer(eval_app, name="eval")
-
-
-@eval_app.callback()
-def eval_run(
-    ctx: typer.Context,
-    bench: str = typer.Option(None, help="videomme | videomme_sub | longvideobench | lvbench | mlvu | mmvu | charades | synthvt"),
-    data: str = typer.Option(None, help="Directory with the benchmark's annotation files (SynthVT: the split dir)."),
-    videos: str = typer.Option(None, help="Video directory (default: --data)."),
-    model: str = typer.Option(None, help="Checkpoint dir, cached hub id, or URL of an OpenAI-compatible server."),
-    endpoints: str = typer.Option(None, help="Comma-separated server URLs used at once (data-parallel servers)."),
-    mode: str = typer.Option("parallel", help="parallel | sequential | inline | none"),
-    out: str = typer.Option(None, help="Run directory (results.jsonl, summary.json/md)."),
-    limit: int = typer.Option(None, help="Only the first N samples."),
-    concurrency: int = typer.Option(4, help="Episodes in flight."),
-    frames: int = typer.Option(64),
-    max_turns: int = typer.Option(3),
-    max_parallel: int = typer.Option(5),
-    max_new_tokens: int = typer.Option(2048),
-    api_key: str = typer.Option(None, envvar="PARAVT_API_KEY"),
-    force: bool = typer.Option(False, help="Resume even if the run's settings changed."),
-) -> None:
-    if ctx.invoked_subcommand is not None:
-        return
-    if not (bench and data and out):
-        typer.secho("error: --bench, --data and --out are required", fg=typer.colors.RED, err=True)
-        raise typer.Exit(2)
-    from paravt.eval.commands import eval_command
-
-    eval_command(bench=bench, data=data, videos=videos, model=model, endpoints=endpoints, mode=mode, out=out,
-                 limit=limit, concurrency=concurrency, frames=frames, max_turns=max_turns, max_parallel=max_parallel,
-                 max_new_tokens=max_new_tokens, api_key=api_key, force=force)
-
-
-@eval_app.command("report")
-def eval_report(
-    runs: list[str] = typer.Argument(..., help="Run directories to compare."),
-    plot: str = typer.Option("eval_report.png", help="Bar plot of score and tool calls."),
-) -> None:
-    """Compare eval runs side by side."""
-    from rich.console import Console
-
-    from paravt.eval.report import compare
-
-    table, _ = compare(runs, plot)
-    Console().print(table)
-    typer.echo(f"plot: {plot}")
 
 
 train_app = typer.Typer(help="Training: cold-start SFT and PARA-GRPO (configs in src/paravt/configs/).",

@@ -2,13 +2,17 @@
 
 A row: `prompt` (list of {role, content}; the user text holds a `<video>` placeholder),
 `videos` (list of {"video": path relative to a video root}), `extra_info` (JSON string or
-dict with `answer` and `question_type`)."""
+dict with `answer` and `question_type`). SynthVT writes exactly this format, so the same
+loader reads SynthVT and the real training data."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+
+QUESTION_TYPES = ("mcq", "tvg", "oe")
+VIDEO_PLACEHOLDER = "<video>"
 
 
 class DataError(ValueError):
@@ -18,42 +22,82 @@ class DataError(ValueError):
 @dataclass
 class RLSample:
     id: str
-    video: str  # absolute path
+    video: str  # path: absolute when the row's path is, else under the video root
     question: str  # the user text without the <video> placeholder
     answer: str
-    question_type: str
-    extra: dict = field(default_factory=dict)
+    question_type: str  # mcq | tvg | oe
+    extra: dict = field(default_factory=dict)  # the whole extra_info
+
+
+def _json(value, what: str):
+    if isinstance(value, (str, bytes)):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{what} is not valid JSON ({e})") from None
+    return value
 
 
 def _user_text(prompt) -> str:
+    prompt = _json(prompt, "prompt")
+    if not isinstance(prompt, list) or not prompt:
+        raise DataError("prompt must be a non-empty list of {role, content}")
     for m in prompt:
-        if m.get("role") == "user":
+        if isinstance(m, dict) and m.get("role") == "user":
             content = m.get("content")
-            if isinstance(content, list):
-                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-            return str(content)
+            if isinstance(content, list):  # OpenAI-style parts: keep the text ones
+                content = "".join(p.get("text") or "" for p in content if isinstance(p, dict))
+            if not isinstance(content, str):
+                raise DataError("the user message has no text content")
+            return content
     raise DataError("prompt has no user message")
 
 
+def _video(videos) -> str:
+    videos = _json(videos, "videos")
+    if not isinstance(videos, list) or not videos:
+        raise DataError("videos must be a non-empty list of {\"video\": path}")
+    v = videos[0]
+    path = v.get("video") if isinstance(v, dict) else v
+    if not isinstance(path, str) or not path:
+        raise DataError(f"videos[0] has no video path: {v!r}")
+    return path
+
+
 def load_rl_rows(parquet_path: str | Path, video_root: str | Path | None = None) -> list[RLSample]:
+    """Every row of a ParaVT-Parquet RL file. Relative video paths resolve under `video_root`
+    (default: the parquet's directory). Raises DataError naming the file and row on a bad row."""
     import pyarrow.parquet as pq
 
     parquet_path = Path(parquet_path)
+    if not parquet_path.is_file():
+        raise DataError(f"{parquet_path}: no such file")
     root = Path(video_root) if video_root is not None else parquet_path.parent
-    rows = pq.read_table(parquet_path).to_pylist()
+    try:
+        rows = pq.read_table(parquet_path).to_pylist()
+    except Exception as e:  # pyarrow raises ArrowInvalid / OSError for non-parquet files
+        raise DataError(f"{parquet_path}: not a readable parquet file ({type(e).__name__}: {e})") from None
     out = []
     for i, r in enumerate(rows):
         try:
-            extra = r["extra_info"]
-            extra = json.loads(extra) if isinstance(extra, str) else dict(extra)
-            videos = r["videos"]
-            video = videos[0]["video"] if isinstance(videos[0], dict) else str(videos[0])
-            text = _user_text(r["prompt"]).replace("<video>", "").strip()
-            qtype = extra["question_type"]
-            answer = extra["answer"]
-        except (KeyError, IndexError, TypeError, json.JSONDecodeError) as e:
-            raise DataError(f"{parquet_path} row {i}: not a ParaVT-Parquet RL row ({type(e).__name__}: {e})") from None
+            for col in ("prompt", "videos", "extra_info"):
+                if col not in r:
+                    raise DataError(f"missing column {col!r}")
+            extra = _json(r["extra_info"], "extra_info")
+            if not isinstance(extra, dict):
+                raise DataError("extra_info must be a dict or a JSON object")
+            for key in ("answer", "question_type"):
+                if key not in extra:
+                    raise DataError(f"extra_info has no {key!r}")
+            qtype = str(extra["question_type"])
+            if qtype not in QUESTION_TYPES:
+                raise DataError(f"question_type must be one of {QUESTION_TYPES}, got {qtype!r}")
+            video = _video(r["videos"])
+            text = _user_text(r["prompt"]).replace(VIDEO_PLACEHOLDER, "").strip()
+        except DataError as e:
+            raise DataError(f"{parquet_path} row {i}: not a ParaVT-Parquet RL row: {e}") from None
         vpath = Path(video)
-        out.append(RLSample(id=str(extra.get("id", r.get("id", i))), video=str(vpath if vpath.is_absolute() else root / vpath),
-                            question=text, answer=str(answer), question_type=str(qtype), extra=extra))
+        out.append(RLSample(id=str(extra.get("id", r.get("id", i))),
+                            video=str(vpath if vpath.is_absolute() else root / vpath),
+                            question=text, answer=str(extra["answer"]), question_type=qtype, extra=extra))
     return out

@@ -3,12 +3,15 @@
 A main-agent turn is `<think>…</think>` followed by either `<answer>…</answer>` or one or more
 `<tool_call>{"name": "crop_video", "arguments": {...}}</tool_call>` blocks (Hermes style).
 Models with a Qwen prior sometimes leak `<tool_code>crop_video(start_time=…, end_time=…)</tool_code>`;
-we accept that too. `parse` never raises: anything it cannot read becomes a `Problem`.
+we accept that too (read with `ast`, never evaluated). `parse` never raises: anything it cannot
+read becomes a `Problem`, and a call it cannot read is kept in `Turn.bad_calls` so that the
+episode can answer it with an error inside its own `<tool_response>` (SPEC §1.6).
 """
 
 from __future__ import annotations
 
 import ast
+import bisect
 import json
 import math
 import re
@@ -24,6 +27,10 @@ ALL_TAGS = (
     THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE, TOOL_CALL_OPEN, TOOL_CALL_CLOSE,
     TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE, TOOL_CODE_OPEN, TOOL_CODE_CLOSE,
 )
+TAG_PAIRS = (
+    (THINK_OPEN, THINK_CLOSE), (ANSWER_OPEN, ANSWER_CLOSE), (TOOL_CALL_OPEN, TOOL_CALL_CLOSE),
+    (TOOL_CODE_OPEN, TOOL_CODE_CLOSE), (TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE),
+)
 # Positions where Exploration Anchoring applies the format signal (SPEC §3): the closures that
 # decay under temperature sampling, and the tool-call boundaries.
 STRUCTURAL_TAGS = (THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE, TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
@@ -31,27 +38,34 @@ STRUCTURAL_TAGS = (THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE, TOOL_CALL_OPEN, TOOL_
 THINK_PREFIX = THINK_OPEN + "\n"
 TOOL_NAME = "crop_video"
 QUESTION_TYPES = ("mcq", "tvg", "oe")
-MODES = ("parallel", "sequential", "inline", "none")
+MODES = ("parallel", "sequential", "inline", "none")  # dispatch modes (SPEC §1)
+PROMPT_KINDS = MODES + ("reasoning", "direct")  # system prompts: "reasoning" = "none"; "direct" = no think
+MAX_CALL_FRAMES = 16  # a sub-agent sees at most this many frames of its window (SPEC §1.3)
 
 CROP_VIDEO_TOOL: dict = {
     "type": "function",
     "function": {
         "name": TOOL_NAME,
         "description": (
-            "Look closely at one time window of the video. A helper watches the window at about one frame "
-            "per second and replies with a short factual summary of what appears and when."
+            "Look closely at one time window of the video. A helper watches the window at one frame per "
+            f"second (at most {MAX_CALL_FRAMES} frames, spread evenly over longer windows) and replies with "
+            "a short factual summary of what appears and when."
         ),
         "parameters": {
             "type": "object",
             "properties": {
                 "start_time": {"type": "number", "description": "Window start, in seconds from the beginning of the video."},
                 "end_time": {"type": "number", "description": "Window end, in seconds; must be after start_time."},
-                "num_frames": {"type": "integer", "description": "Optional number of frames to sample (1-16)."},
+                "num_frames": {
+                    "type": "integer",
+                    "description": f"Optional number of frames to sample from the window (1-{MAX_CALL_FRAMES}).",
+                },
             },
             "required": ["start_time", "end_time"],
         },
     },
 }
+# Deliberately no `video_path` parameter: the episode's own video is always the one cropped (SPEC §1.7).
 
 
 @dataclass
@@ -61,7 +75,9 @@ class ToolCall:
     raw: str = ""
 
     def to_text(self) -> str:
-        return TOOL_CALL_OPEN + "\n" + json.dumps({"name": self.name, "arguments": self.arguments}) + "\n" + TOOL_CALL_CLOSE
+        """The canonical Hermes block, as the chat templates of Qwen-family models write it."""
+        body = json.dumps({"name": self.name, "arguments": self.arguments}, ensure_ascii=False)
+        return f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
 
 
 @dataclass
@@ -72,6 +88,10 @@ class Problem:
 
 @dataclass
 class Turn:
+    """One generated turn, read. `think` is the first think block's body (up to the first
+    <tool_call>/<answer> when it never closes); `answer` is the last complete answer, else an
+    unclosed one; `calls` are the readable calls in order of appearance."""
+
     text: str
     think: str | None = None
     think_closed: bool = False
@@ -79,7 +99,7 @@ class Turn:
     answer: str | None = None
     answer_closed: bool = False
     problems: list[Problem] = field(default_factory=list)
-    # calls that were written but could not be read, in order, as (raw text, problem)
+    # calls that were written but could not be read, in order, as (raw text, what is wrong)
     bad_calls: list[tuple[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -98,99 +118,205 @@ class CropArgs:
 
 
 # ----------------------------------------------------------------------------------------------
-# parsing
+# tag structure
 
 _TAG_RE = re.compile("|".join(re.escape(t) for t in ALL_TAGS))
+_THINK_RE = re.compile(re.escape(THINK_OPEN) + "|" + re.escape(THINK_CLOSE))
+_OPENERS = {a: b for a, b in TAG_PAIRS}
+_CLOSERS = {b: a for a, b in TAG_PAIRS}
 
 
-def _blocks(text: str, open_tag: str, close_tag: str) -> tuple[list[str], list[str]]:
-    """Bodies of closed open…close blocks, and the tails of blocks opened but never closed."""
+def think_spans(text: str) -> list[tuple[int, int, bool]]:
+    """(body start, body end, closed) of each think block, in order; a closed body ends where its
+    `</think>` starts, an unclosed one at the end of the text. A `<think>` repeated while one is
+    open (e.g. a model re-writing the forced prefix) continues the open block; a stray `</think>`
+    with nothing open is ignored."""
+    spans: list[tuple[int, int, bool]] = []
+    start = -1
+    for m in _THINK_RE.finditer(text):
+        if m.group() == THINK_OPEN:
+            if start < 0:
+                start = m.end()
+        elif start >= 0:
+            spans.append((start, m.start(), True))
+            start = -1
+    if start >= 0:
+        spans.append((start, len(text), False))
+    return spans
+
+
+def think_blocks(text: str) -> list[tuple[str, bool]]:
+    """(body, closed) of each think block, in order (see `think_spans`); bodies keep inner tags."""
+    return [(text[a:b], closed) for a, b, closed in think_spans(text)]
+
+
+def think_open_at_end(text: str) -> bool:
+    """Whether the text ends inside a think block (a `<think>` that is never closed)."""
+    blocks = think_blocks(text)
+    return bool(blocks) and not blocks[-1][1]
+
+
+def tags_balanced(text: str) -> bool:
+    """Every tag pair opens and closes in nesting order and nothing is left open."""
+    stack: list[str] = []
+    for m in _TAG_RE.finditer(text):
+        tag = m.group()
+        if tag in _OPENERS:
+            stack.append(tag)
+        elif not stack or stack.pop() != _CLOSERS[tag]:
+            return False
+    return not stack
+
+
+def strip_tags(text: str) -> str:
+    """The text with every protocol tag removed (their bodies kept)."""
+    return _TAG_RE.sub("", text)
+
+
+# ----------------------------------------------------------------------------------------------
+# parsing
+
+
+def _blocks(text: str, open_tag: str, close_tag: str) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+    """(offset, body) of closed open…close blocks, and of blocks opened but never closed (an open
+    tag followed by another open tag before any close counts as never closed)."""
     closed, unclosed = [], []
-    pos = 0
+    pos, j = 0, -1
     while True:
         i = text.find(open_tag, pos)
         if i < 0:
             break
-        j = text.find(close_tag, i + len(open_tag))
-        nxt = text.find(open_tag, i + len(open_tag))
-        if j < 0:
-            unclosed.append(text[i + len(open_tag):] if nxt < 0 else text[i + len(open_tag):nxt])
-            pos = i + len(open_tag) if nxt >= 0 else len(text)
+        body_start = i + len(open_tag)
+        if j < body_start and j != -2:  # the next close, searched once per close (-2: there is none left)
+            j = text.find(close_tag, body_start)
+            j = -2 if j < 0 else j
+        nxt = text.find(open_tag, body_start)
+        if j == -2 or 0 <= nxt < j:
+            end = len(text) if nxt < 0 else nxt
+            unclosed.append((i, text[body_start:end]))
             if nxt < 0:
                 break
-            continue
-        if 0 <= nxt < j:  # a second open before the close: the first one was never closed
-            unclosed.append(text[i + len(open_tag):nxt])
             pos = nxt
             continue
-        closed.append(text[i + len(open_tag):j])
+        closed.append((i, text[body_start:j]))
         pos = j + len(close_tag)
     return closed, unclosed
 
 
-def _parse_json_call(body: str) -> tuple[ToolCall | None, str | None]:
-    s = body.strip()
-    if not s:
-        return None, "empty tool call"
-    # tolerate a trailing comma or code fence around the JSON
-    s = re.sub(r"^```(?:json)?\s*|\s*```$", "", s)
-    try:
-        obj = json.loads(s)
-    except (json.JSONDecodeError, ValueError, RecursionError):
-        # a model sometimes adds prose after the object: read the first JSON object only
-        try:
-            obj, _ = json.JSONDecoder().raw_decode(s[s.index("{"):]) if "{" in s else (None, 0)
-        except (json.JSONDecodeError, ValueError, RecursionError):
-            obj = None
-        if obj is None:
-            return None, f"tool call is not valid JSON: {body.strip()[:200]!r}"
+def _short(s: str, n: int = 200) -> str:
+    s = s.strip()
+    return repr(s if len(s) <= n else s[:n] + "…")
+
+
+_FENCE_RE = re.compile(r"^```[a-zA-Z]*\s*|\s*```$")
+
+
+def _call_from_obj(obj, raw: str) -> tuple[ToolCall | None, Problem | None]:
+    """A ToolCall from one decoded object: {"name", "arguments"} (arguments may be a JSON string),
+    OpenAI's {"function": {...}} wrapper, or the arguments written beside the name."""
     if not isinstance(obj, dict):
-        return None, f"tool call must be a JSON object with name and arguments: {body.strip()[:200]!r}"
+        return None, Problem("bad_call", f"a tool call must be a JSON object with name and arguments: {_short(raw)}")
+    if isinstance(obj.get("function"), dict):
+        obj = obj["function"]
     name = obj.get("name", obj.get("function"))
-    args = obj.get("arguments", obj.get("parameters", {}))
+    if "arguments" in obj or "parameters" in obj:
+        args = obj.get("arguments", obj.get("parameters"))
+    else:
+        args = {k: v for k, v in obj.items() if k not in ("name", "function", "type", "id")}
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
-        except (json.JSONDecodeError, ValueError, RecursionError):
-            return None, f"tool call arguments are not valid JSON: {args[:200]!r}"
-    if not isinstance(name, str) or not name:
-        return None, f"tool call has no function name: {body.strip()[:200]!r}"
+        except (ValueError, RecursionError):
+            return None, Problem("bad_arguments", f"the arguments are not valid JSON: {_short(args)}")
+    if args is None:
+        args = {}
+    if not isinstance(name, str) or not name.strip():
+        return None, Problem("bad_call", f"the tool call has no function name: {_short(raw)}")
     if not isinstance(args, dict):
-        return None, f"tool call arguments must be an object: {body.strip()[:200]!r}"
-    return ToolCall(name=name, arguments=args, raw=body), None
+        return None, Problem("bad_arguments", f"the arguments must be a JSON object: {_short(raw)}")
+    return ToolCall(name=name.strip(), arguments=args, raw=raw), None
 
 
-def _parse_code_call(body: str) -> tuple[ToolCall | None, str | None]:
-    """`crop_video(start_time=1, end_time=2)` read with ast (never eval)."""
-    s = body.strip().strip("`").strip()
-    if s.startswith("python"):
-        s = s[len("python"):].strip()
+def _decode_objects(s: str) -> tuple[list, str]:
+    """Consecutive JSON values in `s` (separated by whitespace or commas) and the unread rest.
+    Models sometimes put several calls in one block, or prose after the object."""
+    dec = json.JSONDecoder()
+    out, i = [], 0
+    while True:
+        while i < len(s) and (s[i].isspace() or s[i] == ","):
+            i += 1
+        if i >= len(s) or s[i] not in "{[":
+            return out, s[i:]
+        try:
+            obj, i = dec.raw_decode(s, i)
+        except (ValueError, RecursionError):
+            return out, s[i:]
+        out.append(obj)
+
+
+def _read_json_calls(body: str) -> tuple[list[ToolCall], list[Problem]]:
+    s = _FENCE_RE.sub("", body.strip())
+    if not s:
+        return [], [Problem("bad_json", "the tool call is empty")]
+    objs, rest = _decode_objects(s)
+    if not objs and s[:1] in "{[":
+        # a Python-literal dict (single quotes, True/None), read safely with literal_eval
+        try:
+            objs, rest = [ast.literal_eval(s)], ""
+        except Exception:  # literal_eval raises many types (SyntaxError, ValueError, RecursionError, ...)
+            objs = []
+    if not objs:
+        return [], [Problem("bad_json", f"the tool call is not valid JSON: {_short(body)}")]
+    flat = [o for obj in objs for o in (obj if isinstance(obj, list) else [obj])]
+    calls, problems = [], []
+    for obj in flat:
+        call, problem = _call_from_obj(obj, body)
+        if call is not None:
+            calls.append(call)
+        if problem is not None:
+            problems.append(problem)
+    if "{" in rest:  # an unreadable object after readable ones (e.g. a second, truncated call)
+        problems.append(Problem("bad_json", f"part of the tool call is not valid JSON: {_short(rest)}"))
+    return calls, problems
+
+
+def _read_code_calls(body: str) -> tuple[list[ToolCall], list[Problem]]:
+    """`crop_video(start_time=1, end_time=2)` (one per line) read with ast; never evaluated."""
+    s = _FENCE_RE.sub("", body.strip())
+    if s.startswith("python\n"):
+        s = s[len("python\n"):]
     try:
-        node = ast.parse(s, mode="eval").body
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None, f"tool code is not a function call: {body.strip()[:200]!r}"
-    if not isinstance(node, ast.Call):
-        return None, f"tool code is not a function call: {body.strip()[:200]!r}"
-    fn = node.func
-    name = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else None
-    if not name:
-        return None, f"tool code calls no named function: {body.strip()[:200]!r}"
-    args: dict = {}
-    try:
-        positional = [ast.literal_eval(a) for a in node.args]
-        for kw in node.keywords:
-            if kw.arg is not None:
-                args[kw.arg] = ast.literal_eval(kw.value)
-    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
-        return None, f"tool code arguments must be literals: {body.strip()[:200]!r}"
-    for key, value in zip(("start_time", "end_time", "num_frames"), positional):
-        args.setdefault(key, value)
-    return ToolCall(name=name, arguments=args, raw=body), None
+        tree = ast.parse(s, mode="exec")
+    except Exception:  # SyntaxError, ValueError (NUL bytes), RecursionError, MemoryError
+        return [], [Problem("bad_json", f"the tool code is not a function call: {_short(body)}")]
+    calls, problems = [], []
+    for stmt in tree.body:
+        node = stmt.value if isinstance(stmt, (ast.Expr, ast.Assign)) else None
+        if not isinstance(node, ast.Call):
+            problems.append(Problem("bad_call", f"the tool code is not a function call: {_short(body)}"))
+            continue
+        fn = node.func
+        name = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else None
+        if not name:
+            problems.append(Problem("bad_call", f"the tool code calls no named function: {_short(body)}"))
+            continue
+        try:
+            positional = [ast.literal_eval(a) for a in node.args]
+            args = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg is not None}
+        except Exception:
+            problems.append(Problem("bad_arguments", f"the tool code arguments must be literal values: {_short(body)}"))
+            continue
+        for key, value in zip(("start_time", "end_time", "num_frames"), positional):
+            args.setdefault(key, value)
+        calls.append(ToolCall(name=name, arguments=args, raw=body))
+    if not tree.body:
+        problems.append(Problem("bad_json", "the tool code is empty"))
+    return calls, problems
 
 
 def parse(text: str, prefix: str = "") -> Turn:
     """Read one generated turn. `prefix` is a forced start (e.g. THINK_PREFIX) that the model
-    did not generate but that is part of its turn: it counts as present."""
+    did not generate but that is part of its turn: it counts as present (SPEC §6.2)."""
     if not isinstance(text, str):
         text = "" if text is None else str(text)
     full = (prefix or "") + text
@@ -203,112 +329,125 @@ def parse(text: str, prefix: str = "") -> Turn:
 
 
 def _fill(turn: Turn, full: str) -> None:
-    # think
-    i = full.find(THINK_OPEN)
-    if i >= 0:
-        j = full.find(THINK_CLOSE, i + len(THINK_OPEN))
-        if j >= 0:
-            turn.think = full[i + len(THINK_OPEN):j].strip()
-            turn.think_closed = True
-        else:
-            end = len(full)
-            for tag in (TOOL_CALL_OPEN, ANSWER_OPEN, TOOL_CODE_OPEN):
-                k = full.find(tag, i)
-                if k >= 0:
-                    end = min(end, k)
-            turn.think = full[i + len(THINK_OPEN):end].strip()
+    # think: the first block
+    spans = think_spans(full)
+    if spans:
+        a, b, closed = spans[0]
+        body = full[a:b]
+        if not closed:
+            ends = [k for k in (body.find(TOOL_CALL_OPEN), body.find(ANSWER_OPEN), body.find(TOOL_CODE_OPEN)) if k >= 0]
+            body = body[: min(ends)] if ends else body
             turn.problems.append(Problem("unclosed_think", "<think> is never closed"))
+        turn.think, turn.think_closed = body.strip(), closed
         if full.count(THINK_OPEN) > 1:
             turn.problems.append(Problem("repeated_think", f"{full.count(THINK_OPEN)} <think> tags"))
-    elif THINK_CLOSE in full:
+    first_open, first_close = full.find(THINK_OPEN), full.find(THINK_CLOSE)
+    if first_close >= 0 and (first_open < 0 or first_close < first_open):
         turn.problems.append(Problem("unopened_think", "</think> without <think>"))
+    inside_think = [(a, b) for a, b, closed in spans if closed]
+    think_starts = [a for a, _ in inside_think]
+
+    def in_think(pos: int) -> bool:  # closed think bodies are sorted and disjoint: binary search
+        k = bisect.bisect_right(think_starts, pos) - 1
+        return k >= 0 and pos < inside_think[k][1]
 
     # tool calls (Hermes JSON, then leaked tool_code), in order of appearance
-    found: list[tuple[int, ToolCall | None, str | None, str]] = []
+    found: list[tuple[int, list[ToolCall], list[Problem], str]] = []
     for open_tag, close_tag, reader in (
-        (TOOL_CALL_OPEN, TOOL_CALL_CLOSE, _parse_json_call),
-        (TOOL_CODE_OPEN, TOOL_CODE_CLOSE, _parse_code_call),
+        (TOOL_CALL_OPEN, TOOL_CALL_CLOSE, _read_json_calls),
+        (TOOL_CODE_OPEN, TOOL_CODE_CLOSE, _read_code_calls),
     ):
-        closed, unclosed = _blocks(full, open_tag, close_tag)
-        search_from = 0
-        for body in closed:
-            pos = full.find(open_tag + body + close_tag, search_from)
-            search_from = max(pos, 0) + 1
-            call, err = reader(body)
-            found.append((pos, call, err, body))
-        for body in unclosed:
-            turn.problems.append(Problem("unclosed_tool_call", f"{open_tag} is never closed: {body.strip()[:120]!r}"))
-            turn.bad_calls.append((body, f"{open_tag} is never closed"))
+        closed_blocks, unclosed_blocks = _blocks(full, open_tag, close_tag)
+        for pos, body in closed_blocks:
+            calls, problems = reader(body)
+            if TOOL_CALL_OPEN in body or TOOL_CODE_OPEN in body:
+                problems.append(Problem("nested_tags", f"a tool call inside a tool call: {_short(body)}"))
+            found.append((pos, calls, problems, body))
+        for pos, body in unclosed_blocks:
+            problem = Problem("unclosed_tool_call", f"{open_tag} is never closed with {close_tag}: {_short(body, 120)}")
+            found.append((pos, [], [problem], body))
     found.sort(key=lambda x: x[0])
-    for _, call, err, body in found:
-        if call is None:
-            turn.problems.append(Problem("bad_call", err or "unreadable tool call"))
-            turn.bad_calls.append((body, err or "unreadable tool call"))
-            continue
-        if call.name != TOOL_NAME:
-            turn.problems.append(Problem("unknown_tool", f"unknown tool {call.name!r}"))
-        if TOOL_CALL_OPEN in body or TOOL_CODE_OPEN in body:
-            turn.problems.append(Problem("nested_tags", "a tool call inside a tool call"))
-        turn.calls.append(call)
+    for pos, calls, problems, body in found:
+        if in_think(pos):
+            turn.problems.append(Problem("nested_tags", "a tool call inside <think>"))
+        for call in calls:
+            if call.name != TOOL_NAME:
+                turn.problems.append(Problem("unknown_tool", f"unknown tool {call.name!r}"))
+            turn.calls.append(call)
+        for problem in problems:
+            turn.problems.append(problem)
+            if problem.kind != "nested_tags":
+                turn.bad_calls.append((body, problem.detail))
 
     # answer: the last complete one wins
-    closed, unclosed = _blocks(full, ANSWER_OPEN, ANSWER_CLOSE)
-    if closed:
-        turn.answer = closed[-1].strip()
+    closed_answers, unclosed_answers = _blocks(full, ANSWER_OPEN, ANSWER_CLOSE)
+    if closed_answers:
+        turn.answer = closed_answers[-1][1].strip()
         turn.answer_closed = True
-        if len(closed) > 1:
-            turn.problems.append(Problem("multiple_answers", f"{len(closed)} answers; the last is used"))
-    elif unclosed:
-        turn.answer = unclosed[-1].strip()
+        if len(closed_answers) > 1:
+            turn.problems.append(Problem("multiple_answers", f"{len(closed_answers)} answers; the last is used"))
+    elif unclosed_answers:
+        turn.answer = unclosed_answers[-1][1].strip()
         turn.problems.append(Problem("unclosed_answer", "<answer> is never closed"))
     elif ANSWER_CLOSE in full:
         turn.problems.append(Problem("unopened_answer", "</answer> without <answer>"))
+    for pos, _ in closed_answers + unclosed_answers:
+        if in_think(pos):
+            turn.problems.append(Problem("nested_tags", "<answer> inside <think>"))
+            break
 
 
 # ----------------------------------------------------------------------------------------------
 # tool arguments
 
-_TIME_RE = re.compile(r"^\s*(?:(\d+):)?(\d+):(\d+(?:\.\d+)?)\s*$")
+_CLOCK_RE = re.compile(r"^(?:(\d+):)?(\d+):(\d+(?:\.\d+)?)$")
+_UNITS_RE = re.compile(
+    r"^(?:(\d+(?:\.\d+)?)\s*h(?:ours?|rs?)?)?\s*(?:(\d+(?:\.\d+)?)\s*m(?:in(?:utes?)?)?)?\s*"
+    r"(?:(\d+(?:\.\d+)?)\s*s(?:ec(?:ond)?s?)?)?$"
+)
 
 
 def parse_seconds(value) -> float:
-    """Seconds from a number, a numeric string, 'MM:SS', 'HH:MM:SS' or '75s'."""
-    if isinstance(value, bool):
-        raise ToolCallError(f"time must be a number of seconds, got {value!r}")
-    if isinstance(value, (int, float)):
-        v = float(value)
-    elif isinstance(value, str):
+    """Seconds from a number, a numeric string, 'MM:SS', 'HH:MM:SS', '75s', '1m30s' or '2 min'."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ToolCallError(f"a time must be a number of seconds, got {value!r}")
+    if isinstance(value, str):
         s = value.strip().lower()
-        m = _TIME_RE.match(s)
+        m = _CLOCK_RE.match(s)
+        u = _UNITS_RE.match(s) if s and not m else None
         if m:
             h, mnt, sec = m.groups()
             v = int(h or 0) * 3600 + int(mnt) * 60 + float(sec)
+        elif u and any(u.groups()):
+            h, mnt, sec = (float(x) if x else 0.0 for x in u.groups())
+            v = h * 3600 + mnt * 60 + sec
         else:
-            s = re.sub(r"\s*(seconds?|secs?|s)$", "", s)
             try:
                 v = float(s)
             except ValueError:
                 raise ToolCallError(f"cannot read {value!r} as a time in seconds") from None
     else:
-        raise ToolCallError(f"time must be a number of seconds, got {value!r}")
+        v = float(value)
     if math.isnan(v) or math.isinf(v):
-        raise ToolCallError(f"time must be a finite number of seconds, got {value!r}")
+        raise ToolCallError(f"a time must be a finite number of seconds, got {value!r}")
     return v
 
 
 def crop_args(call: ToolCall, duration: float | None = None) -> CropArgs:
-    """Validated arguments of a crop_video call. Any `video_path` argument is ignored: the
-    episode's own video is always the one cropped (a model must never choose a host file)."""
+    """Validated arguments of a crop_video call; the end is clamped to the video's duration.
+
+    Any `video_path` argument is ignored: the episode's own video is always the one cropped
+    (a model must never choose a file on the host, SPEC §1.7)."""
     if call.name != TOOL_NAME:
         raise ToolCallError(f"unknown tool {call.name!r}; the only tool is {TOOL_NAME}")
-    a = call.arguments
+    a = call.arguments if isinstance(call.arguments, dict) else {}
     start_v = a.get("start_time", a.get("start"))
     end_v = a.get("end_time", a.get("end"))
     if start_v is None or end_v is None:
-        raise ToolCallError("crop_video needs start_time and end_time (seconds)")
+        raise ToolCallError(f"{TOOL_NAME} needs start_time and end_time, in seconds")
     start, end = parse_seconds(start_v), parse_seconds(end_v)
     if start < 0:
-        raise ToolCallError(f"start_time {start:g} is negative")
+        raise ToolCallError(f"start_time {start:g} is negative; times count from 0 seconds")
     if start >= end:
         raise ToolCallError(f"start_time {start:g} must be smaller than end_time {end:g}")
     if duration is not None:
@@ -318,10 +457,15 @@ def crop_args(call: ToolCall, duration: float | None = None) -> CropArgs:
     n = a.get("num_frames")
     num_frames = None
     if n is not None:
+        if isinstance(n, bool):
+            raise ToolCallError(f"num_frames must be a whole number, got {n!r}")
         try:
-            num_frames = int(float(n))
+            f = float(n)
         except (TypeError, ValueError):
-            raise ToolCallError(f"num_frames must be an integer, got {n!r}") from None
+            raise ToolCallError(f"num_frames must be a whole number, got {n!r}") from None
+        if not f.is_integer():
+            raise ToolCallError(f"num_frames must be a whole number, got {n!r}")
+        num_frames = int(f)
         if num_frames < 1:
             raise ToolCallError(f"num_frames must be at least 1, got {num_frames}")
     return CropArgs(start=start, end=end, num_frames=num_frames)
@@ -347,10 +491,12 @@ def format_tool_response(text: str) -> str:
 
 
 def format_tool_responses(texts: list[str]) -> str:
+    """All responses of one turn, in call order, as the content of one user turn."""
     return "\n".join(format_tool_response(t) for t in texts)
 
 
 def format_error(message: str) -> str:
+    """The text a failed call returns (inside its own tool_response): the model reads it."""
     return f"Error: {message.strip()}"
 
 
@@ -361,50 +507,107 @@ def timestamp_text(t: float) -> str:
 # ----------------------------------------------------------------------------------------------
 # prompts
 
-_FORMAT_RULES = (
-    "Always think first inside <think> </think>. Then either call tools or answer. "
-    "Give the final answer inside <answer> </answer>."
+
+def tool_schema(mode: str = "parallel") -> dict:
+    """The crop_video schema as a mode presents it: in `inline` mode the call returns the window's
+    frames to the main agent itself, in the others a helper's summary (CROP_VIDEO_TOOL)."""
+    if mode != "inline":
+        return CROP_VIDEO_TOOL
+    schema = json.loads(json.dumps(CROP_VIDEO_TOOL))
+    schema["function"]["description"] = (
+        f"Look closely at one time window of the video: its frames, one per second (at most {MAX_CALL_FRAMES}, "
+        "spread evenly over longer windows), each labelled with its time, are shown to you."
+    )
+    return schema
+
+
+def tools_block(mode: str = "parallel") -> str:
+    """The tool list as Hermes-style chat templates embed it in the system prompt."""
+    return "<tools>\n" + json.dumps(tool_schema(mode)) + "\n</tools>"
+
+
+_INTRO = (
+    "You are a video analyst answering questions about a long video. You first see frames sampled evenly "
+    "over the whole video, each labelled with its time in seconds, like <12.5 seconds>. Short events can "
+    "fall between those frames, and small details are hard to read in them."
+)
+
+_TURN_SHAPE = (
+    "Every reply starts with your reasoning inside <think> </think>. After </think> write either tool calls "
+    "or the final answer, never both:\n"
+    "<think>\nwhat the frames show, what is still uncertain, which moments to check\n</think>\n"
+    "{calls}\n"
+    "or\n"
+    "<think>\nwhy the evidence settles the question\n</think>\n"
+    "<answer>your answer</answer>\n"
+    "Close every tag you open."
 )
 
 
-def tools_block() -> str:
-    return "<tools>\n" + json.dumps(CROP_VIDEO_TOOL) + "\n</tools>"
-
-
 def system_prompt(mode: str, max_parallel: int = 5) -> str:
-    """System prompt of the main agent for a dispatch mode."""
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
-    if mode == "none":
+    """System prompt of the main agent. `mode` is a dispatch mode (parallel, sequential, inline,
+    none) or "reasoning" (= none: think, then answer, no tool) or "direct" (answer only)."""
+    if mode not in PROMPT_KINDS:
+        raise ValueError(f"unknown prompt mode {mode!r}; choose one of {', '.join(PROMPT_KINDS)}")
+    if mode in ("none", "reasoning"):
         return (
-            "You are a careful video analyst. You see frames sampled from a video, each labelled with its "
-            "time in seconds. Reason step by step inside <think> </think>, then give the final answer "
-            "inside <answer> </answer>."
+            "You are a video analyst answering questions about a video. You see frames sampled evenly over the "
+            "whole video, each labelled with its time in seconds, like <12.5 seconds>. No tools are available: "
+            "answer from these frames alone.\n\n"
+            "First reason step by step inside <think> </think>: what each relevant frame shows and when. Then "
+            "give the final answer inside <answer> </answer>, in the format the question asks for:\n"
+            "<think>\nyour reasoning\n</think>\n<answer>your answer</answer>"
         )
-    call_example = format_tool_call(30, 45)
+    if mode == "direct":
+        return (
+            "You are a video analyst answering questions about a video. You see frames sampled evenly over the "
+            "whole video, each labelled with its time in seconds, like <12.5 seconds>. Answer from these frames "
+            "alone, at once and without explanation, inside <answer> </answer>, in the format the question "
+            "asks for."
+        )
+    if max_parallel < 1:
+        raise ValueError(f"max_parallel must be at least 1, got {max_parallel}")
+    one_call = format_tool_call(30, 45)
     if mode == "sequential":
-        how_many = "Call the tool once per turn; you will get its result before deciding on the next window."
-    else:
+        calls = one_call
         how_many = (
-            f"You may call the tool several times in one turn (up to {max_parallel} calls), one "
-            "<tool_call></tool_call> block per window; all windows are examined at the same time and the "
-            "results come back together, in the order of your calls."
+            "Call the tool once per reply. Its result comes back in the next message; then decide whether to "
+            "look at another window or to answer."
+        )
+    else:
+        calls = one_call + "\n" + format_tool_call(120, 135)
+        how_many = (
+            f"You may call the tool several times in one reply, up to {max_parallel} calls, one "
+            "<tool_call> </tool_call> block per window. All windows of a reply are examined at the same time and "
+            "their results come back together, in the order of your calls, so when several moments could "
+            "matter (the candidate moments of different options, or the parts of a long stretch) check them "
+            f"in one reply. Calls beyond the first {max_parallel} are not run."
+        )
+    if mode == "inline":
+        result = (
+            f"The result of a call is the frames of its window (one per second, at most {MAX_CALL_FRAMES}, "
+            "spread evenly over longer windows), each labelled with its time, inside <tool_response> </tool_response>."
+        )
+    else:
+        result = (
+            f"A helper watches each window at one frame per second (at most {MAX_CALL_FRAMES} frames, spread "
+            "evenly over longer windows, so windows of up to about 16 seconds are seen in full detail) and "
+            "replies with a short factual summary inside <tool_response> </tool_response>."
         )
     return (
-        "You are a video analyst answering questions about a long video. You first see a few frames sampled "
-        "evenly over the whole video, each labelled with its time in seconds. Short events can fall between "
-        "those frames: when the frames do not settle the question, look closer with the crop_video tool.\n\n"
+        f"{_INTRO} When the frames do not settle the question, look closer with the {TOOL_NAME} tool.\n\n"
         "You have one tool. Its signature, as JSON schema:\n"
-        f"{tools_block()}\n\n"
-        "To call it, write a JSON object with the tool name and arguments between <tool_call> and </tool_call>, "
-        f"for example:\n{call_example}\n"
-        f"{how_many} Each result arrives inside <tool_response> </tool_response>.\n\n"
-        f"{_FORMAT_RULES} Answer directly, without calling the tool, when the frames you have already settle "
-        "the question."
+        f"{tools_block(mode)}\n\n"
+        "To call it, write a JSON object with the tool name and arguments between <tool_call> and "
+        f"</tool_call>. Times are seconds from the start of the video. {result} {how_many} A call that "
+        "cannot run returns an error message instead; the other calls are not affected.\n\n"
+        + _TURN_SHAPE.format(calls=calls)
+        + "\nAnswer without calling the tool when the frames you have already settle the question."
     )
 
 
 def answer_instruction(question_type: str) -> str:
+    """How to write the answer for a question type; the same whether tools are used or not (SPEC §6.7)."""
     if question_type == "mcq":
         return "Answer with the letter of the correct option only, inside <answer> </answer>, e.g. <answer>B</answer>."
     if question_type == "tvg":
@@ -412,13 +615,15 @@ def answer_instruction(question_type: str) -> str:
             "Answer with the start and end time of the moment in seconds, as 'start - end', inside "
             "<answer> </answer>, e.g. <answer>12.5 - 20.0</answer>."
         )
-    return "Answer with a short phrase inside <answer> </answer>."
+    if question_type == "oe":
+        return "Answer with a short phrase inside <answer> </answer>, e.g. <answer>a red circle</answer>."
+    raise ValueError(f"unknown question_type {question_type!r}; expected one of {', '.join(QUESTION_TYPES)}")
 
 
 def user_prompt_text(question: str, duration: float, question_type: str, subtitles: str | None = None) -> str:
     """The text that follows the overview frames in the first user turn."""
     parts = [f"The video lasts {duration:.1f} seconds. The frames above are sampled evenly over it."]
-    if subtitles:
+    if subtitles and subtitles.strip():
         parts.append("Subtitles of the video:\n" + subtitles.strip())
     parts.append("Question: " + question.strip())
     parts.append(answer_instruction(question_type))
@@ -426,37 +631,56 @@ def user_prompt_text(question: str, duration: float, question_type: str, subtitl
 
 
 def subagent_prompt(start: float, end: float, task: str | None = None) -> str:
-    """Instruction of a sub-agent that watches one window."""
+    """Instruction of a sub-agent that watches one window of the video."""
     text = (
-        f"These frames come from the video between {start:.1f} and {end:.1f} seconds; each is labelled with "
-        "its time. Describe briefly and factually what appears in them and when: objects, their colours, "
-        "shapes and positions, actions, scene changes, any visible text. Give times in seconds. Do not guess "
-        "beyond what the frames show."
+        f"These frames come from a video between {start:.1f} and {end:.1f} seconds; each is labelled with its "
+        "time. Describe briefly and factually what appears in them and when: people and objects, their colours, "
+        "shapes and positions, actions, scene changes, any visible text. Give times in seconds. Report only what "
+        "the frames show; if nothing changes, say so. Write a few plain sentences, without tags."
     )
-    if task:
-        text += f"\n\nThe description will help answer this question: {task.strip()}"
+    if task and task.strip():
+        text += (
+            "\n\nThe description will help answer this question: " + task.strip()
+            + "\nMention first what is relevant to it, and say plainly when nothing relevant appears."
+        )
     return text
 
 
 def final_answer_instruction(question_type: str) -> str:
-    return "You cannot call the tool any more. Answer the question now. " + answer_instruction(question_type)
+    """The nudge of the last round: no more calls, answer now."""
+    return (
+        "You cannot call the tool any more. Answer the question now from what you have seen. "
+        + answer_instruction(question_type)
+    )
+
+
+def _drop_blocks(text: str, open_tag: str, close_tag: str) -> str:
+    closed, unclosed = _blocks(text, open_tag, close_tag)
+    spans = sorted([(i, i + len(open_tag) + len(b) + len(close_tag)) for i, b in closed]
+                   + [(i, i + len(open_tag) + len(b)) for i, b in unclosed])
+    out, pos = [], 0
+    for a, b in spans:
+        if a >= pos:
+            out.append(text[pos:a])
+            pos = b
+    out.append(text[pos:])
+    return "".join(out)
 
 
 def extract_answer(text: str) -> str | None:
-    """The final answer of a generated text: the last complete <answer>, else an unclosed one,
-    else (for forced answers written without tags) the last non-empty line after any think."""
-    if not text:
+    """The final answer of a generated text: the body of the last complete <answer>, else of an
+    unclosed one. A forced answer written without tags falls back to the text after the think,
+    without tool calls and tags (None when the text is still inside its think)."""
+    if not isinstance(text, str) or not text:
         return None
     turn = parse(text)
-    if turn.answer is not None and turn.answer != "":
+    if turn.answer:
         return turn.answer
-    tail = text
-    if THINK_CLOSE in tail:
-        tail = tail.rsplit(THINK_CLOSE, 1)[1]
-    elif THINK_OPEN in tail:
-        return None  # still thinking: no answer given
-    tail = _TAG_RE.sub("", tail).strip()
-    if not tail:
+    if think_open_at_end(text):
         return None
-    lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
-    return lines[-1] if lines else None
+    tail = text.rsplit(THINK_CLOSE, 1)[1] if THINK_CLOSE in text else text
+    for open_tag, close_tag in ((TOOL_CALL_OPEN, TOOL_CALL_CLOSE), (TOOL_CODE_OPEN, TOOL_CODE_CLOSE),
+                                (TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE)):
+        tail = _drop_blocks(tail, open_tag, close_tag)
+    tail = " ".join(strip_tags(tail).split())
+    return tail or None

@@ -1,15 +1,23 @@
 """PARA-GRPO rewards (SPEC §2): accuracy, format, exploration anchoring, tool use, their sum.
 
-Every term reads the main agent's generated text of the whole episode (each main turn with
-its forced prefix counted as present; tool responses excluded). The "executed" tool tier
-comes from the episode's record of executed calls, never from the generated text.
+Every term reads the main agent's generated text of the whole episode: each main turn with its
+forced prefix counted as present (the public release scored the text without the forced
+`<think>\\n`, so its anchor bonuses never fired: SPEC §6.2), tool responses excluded. The
+"executed" tool tier comes from the episode's record of executed calls, never from the
+generated text, where `<tool_response>` never appears (SPEC §6.6).
+
+`format_reward` and `anchor_reward` take one turn (a string) or an episode (a list of turns):
+the think and balance terms are judged per turn, so that one turn's `</think>` cannot close
+another turn's `<think>` when the texts are joined.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import string
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -21,17 +29,25 @@ from paravt import protocol as P
 
 @dataclass
 class RewardConfig:
+    """The reward constants of the public recipe (SPEC §2) as defaults."""
+
     w_fmt: float = 1.0
-    answer_suffix: bool = True  # format: 0.2/0.3/0.2 (think/answer body/</answer>) on; 0.3/0.2/0.1 off
+    answer_suffix: bool = True  # format weights think/answer body/</answer>: 0.2/0.3/0.2 on, 0.3/0.2/0.1 off
+    fmt_think_before_call: float = 0.3  # a closed think before a parseable tool call
+    fmt_balanced: float = 0.1  # every tag pair balanced (only added when the score is already > 0)
+    min_think_chars: int = 10  # a "substantive" think has at least this many characters of content
     lambda_anchor: float = 0.5
     anchor_close_think: float = 0.4  # </think> closes a substantive think
     anchor_full_flow: float = 0.3  # <think>…</think> … <answer>…</answer>
-    gamma: float = 0.3  # penalty: <think> opened and never closed
-    min_think_chars: int = 10  # a "substantive" think
+    gamma: float = 0.3  # penalty: a <think> opened and never closed
+    tool_parsed: float = 0.1
+    tool_executed: float = 0.3
+    tool_correct_bonus: float = 0.5  # added to the tool tier when R_acc > 0
     oe_metric: str = "f1"  # f1 | exact | judge
     judge: Callable[[str, str, str], float] | None = None  # (question, prediction, answer) -> [0, 1]
-    degenerate_im_start: int = 5  # this many <|im_start|> ...
-    degenerate_window: int = 300  # ... within this many characters: degenerate, reward 0
+    degenerate_marker: str = "<|im_start|>"
+    degenerate_im_start: int = 5  # this many markers ...
+    degenerate_window: int = 300  # ... within fewer than this many characters: degenerate, reward 0
     shaping_bias: float = 0.2  # trainer side: r' = (R - bias) * scale
     shaping_scale: float = 10.0
 
@@ -39,7 +55,14 @@ class RewardConfig:
         if self.oe_metric not in ("f1", "exact", "judge"):
             raise ValueError(f"oe_metric must be f1, exact or judge, got {self.oe_metric!r}")
         if self.oe_metric == "judge" and self.judge is None:
-            raise ValueError("oe_metric='judge' needs a judge callable")
+            raise ValueError("oe_metric='judge' needs a judge callable (question, prediction, answer) -> [0, 1]")
+        if self.degenerate_im_start < 1 or self.min_think_chars < 0:
+            raise ValueError("degenerate_im_start must be >= 1 and min_think_chars >= 0")
+
+    @property
+    def format_weights(self) -> tuple[float, float, float]:
+        """(substantive think, non-empty answer body, its </answer>) for the answer-suffix setting."""
+        return (0.2, 0.3, 0.2) if self.answer_suffix else (0.3, 0.2, 0.1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -51,72 +74,110 @@ _PUNCT = set(string.punctuation)
 
 def normalize_text(s: str) -> str:
     """SQuAD-style: lowercase, drop punctuation and articles, collapse spaces."""
-    s = s.lower()
-    s = "".join(ch for ch in s if ch not in _PUNCT)
-    s = _ARTICLES.sub(" ", s)
-    return " ".join(s.split())
+    s = "".join(ch for ch in str(s).lower() if ch not in _PUNCT)
+    return " ".join(_ARTICLES.sub(" ", s).split())
 
 
 def token_f1(prediction: str, answer: str) -> float:
+    """SQuAD token F1 between normalized texts."""
     p, a = normalize_text(prediction).split(), normalize_text(answer).split()
     if not p or not a:
         return float(p == a)
-    common = Counter(p) & Counter(a)
-    same = sum(common.values())
+    same = sum((Counter(p) & Counter(a)).values())
     if same == 0:
         return 0.0
     precision, recall = same / len(p), same / len(a)
     return 2 * precision * recall / (precision + recall)
 
 
-_LETTER_PATTERNS = [
-    re.compile(r"^\(?([A-J])\)?(?:[.:)\s]|$)"),  # "B", "(B)", "B.", "B) text", "B: text"
-    re.compile(r"\b(?:answer|option|choice)\s*(?:is|:)?\s*\(?([A-J])\)?(?![A-Za-z])", re.I),
-    re.compile(r"^\s*\(([A-J])\)"),
-]
+LETTERS = "ABCDEFGHIJ"
+_L = r"[\(\[]?([A-J])[\)\]]?"
+_BARE_RE = re.compile(r"^[\(\[]?([A-Ja-j])[\)\]]?[.:)]?$")  # "B", "b", "(B)", "[B]", "B.", "B)"
+_ANSWER_KW_RE = re.compile(  # "The answer is B", "Answer: (C)", "the correct choice is option D"
+    rf"(?i:\b(?:answer|choice))(?:\s+(?i:is|was|would\s+be|should\s+be))?(?:\s+(?i:option|choice))?\s*[:=-]?\s*{_L}"
+    r"(?![A-Za-z0-9])"
+)
+_OPTION_KW_RE = re.compile(rf"(?i:\boption)\s*[:=-]?\s*{_L}(?![A-Za-z0-9])")  # "Option B"
+# a capital used as a letter: "A" and "I" not when they are the article or the pronoun ("I think B")
+_VERBS = r"(?:is|was|would|should|seems|looks|matches|fits|best|and|or)\b"
+_LETTER = rf"([B-HJ]|[AI](?!\s+(?!{_VERBS})[a-z]|\s*'))"
+_LEADING_RE = re.compile(rf"^[\(\[]?{_LETTER}[\)\]]?(?:[.:)]|\s)")  # "B. red", "B) red", "B red"
+_LONE_RE = re.compile(rf"(?<![A-Za-z0-9']){_LETTER}(?![A-Za-z0-9'])")
+_OPTION_LINE_RE = re.compile(r"^\s*[\(\[]?([A-J])[\)\]]?[.:)]\s*(.+?)\s*$", re.M)
+
+
+def options_from_question(question: str) -> list[str] | None:
+    """The option texts of a question that lists them one per line ("A. circle", "(B) square")."""
+    found = _OPTION_LINE_RE.findall(question or "")
+    letters = "".join(letter for letter, _ in found)
+    if len(found) >= 2 and letters == LETTERS[: len(found)]:
+        return [body for _, body in found]
+    return None
+
+
+def _option_body(opt: str) -> str:
+    return re.sub(r"^\s*[\(\[]?[A-J][\)\]]?[.:)]\s*", "", opt.strip())
 
 
 def mcq_letter(text: str | None, options: list[str] | None = None) -> str | None:
-    """The option letter a text chooses, or None."""
+    """The option letter (A–J) a text chooses, or None when it names none or several.
+
+    Tried in order: a bare letter ("B", "(B)", "B."); the text of one option; an answer phrase
+    ("The answer is B"); "Option B" naming one letter; a leading letter ("B. red"); a single
+    stand-alone capital A–J anywhere. The option text comes before the leading letter so that
+    an option like "A red circle" is not read as the letter A."""
     if not text:
         return None
-    s = text.strip()
-    s = re.sub(r"^<answer>|</answer>$", "", s).strip()
-    for pat in _LETTER_PATTERNS:
-        m = pat.search(s)
-        if m:
-            return m.group(1).upper()
-    if options:  # the option's text instead of its letter
-        ns = normalize_text(s)
-        for i, opt in enumerate(options):
-            body = re.sub(r"^\(?[A-J][.):]\s*", "", opt.strip())
-            if ns and ns == normalize_text(body):
-                return "ABCDEFGHIJ"[i]
-    m = re.fullmatch(r"\W*([A-J])\W*", s)
-    return m.group(1) if m else None
-
-
-_NUM = re.compile(r"-?\d+(?:\.\d+)?")
-
-
-def parse_span(text) -> tuple[float, float] | None:
-    """The first [start, end] pair in a text ('12.5 - 20', '[12.5, 20]', 'from 12 to 20 s') or a list."""
-    if text is None:
+    s = P.strip_tags(str(text)).replace("*", "").strip()
+    if not s:
         return None
-    if isinstance(text, (list, tuple)) and len(text) >= 2:
-        try:
-            nums = [float(text[0]), float(text[1])]
-        except (TypeError, ValueError):
-            return None
-    else:
-        nums = [float(x) for x in _NUM.findall(str(text))[:2]]
-    if len(nums) < 2:
+    m = _BARE_RE.match(s)
+    if m:
+        return m.group(1).upper()
+    if options:
+        ns = normalize_text(s.rstrip("."))
+        for i, opt in enumerate(options[: len(LETTERS)]):
+            if ns and ns == normalize_text(_option_body(opt)):
+                return LETTERS[i]
+    said = _ANSWER_KW_RE.findall(s)
+    if said:
+        return said[-1]
+    named = set(_OPTION_KW_RE.findall(s))
+    if len(named) == 1:
+        return named.pop()
+    m = _LEADING_RE.match(s)
+    if m:
+        return m.group(1)
+    lone = set(_LONE_RE.findall(s))
+    return lone.pop() if len(lone) == 1 else None
+
+
+_TIME_TOKEN = re.compile(r"\d+(?::\d{1,2}){1,2}(?:\.\d+)?|\d+(?:\.\d+)?")
+
+
+def parse_span(value) -> tuple[float, float] | None:
+    """The first [start, end] pair of a text ('12.5 - 20', '[12.5, 20]', 'from 12.5 to 20 seconds',
+    '01:05 - 01:20') or of a two-element list; None when there is no pair. A reversed pair is
+    read as the span it names. Times are non-negative, so a '-' is a separator, never a sign."""
+    if value is None:
         return None
-    s, e = nums
+    try:
+        if isinstance(value, (list, tuple)):
+            if len(value) < 2:
+                return None
+            s, e = P.parse_seconds(value[0]), P.parse_seconds(value[1])
+        else:
+            found = _TIME_TOKEN.findall(str(value))
+            if len(found) < 2:
+                return None
+            s, e = P.parse_seconds(found[0]), P.parse_seconds(found[1])
+    except P.ToolCallError:
+        return None
     return (s, e) if s <= e else (e, s)
 
 
 def temporal_iou(pred: tuple[float, float] | None, gt: tuple[float, float] | None) -> float:
+    """Intersection over union of two [start, end] spans (1 for two identical points)."""
     if pred is None or gt is None:
         return 0.0
     inter = max(0.0, min(pred[1], gt[1]) - max(pred[0], gt[0]))
@@ -133,108 +194,150 @@ def accuracy_reward(
     options: list[str] | None = None,
     question: str = "",
 ) -> float:
-    """R_acc in [0, 1]: exact match after normalization, else by question type."""
+    """R_acc in [0, 1]: normalized exact match -> 1, else by question type.
+
+    mcq: option-letter match (options, when not given, are read from the question's lines, so
+    an answer written as the option's text also counts); tvg: temporal IoU of the first pair
+    (no string match first: normalization would drop the decimal points and make '1.5 - 2'
+    equal '15 - 2'); oe: token F1, exact match or the judge, by `cfg.oe_metric`."""
     cfg = cfg or RewardConfig()
-    if prediction is None:
+    if question_type not in P.QUESTION_TYPES:
+        raise ValueError(f"unknown question_type {question_type!r}; expected one of {P.QUESTION_TYPES}")
+    if prediction is None or not str(prediction).strip():
         return 0.0
+    prediction = str(prediction)
     if question_type == "tvg":
         return temporal_iou(parse_span(prediction), parse_span(answer))
     answer = str(answer)
-    if normalize_text(prediction) == normalize_text(answer) and normalize_text(answer):
+    if normalize_text(answer) and normalize_text(prediction) == normalize_text(answer):
         return 1.0
     if question_type == "mcq":
-        gt = mcq_letter(answer, options) or answer.strip().upper()[:1]
-        return float(mcq_letter(prediction, options) == gt)
-    if question_type == "oe":
-        if cfg.oe_metric == "exact":
-            return 0.0
-        if cfg.oe_metric == "judge":
-            return float(max(0.0, min(1.0, cfg.judge(question, prediction, answer))))  # type: ignore[misc]
-        return token_f1(prediction, answer)
-    raise ValueError(f"unknown question_type {question_type!r}; expected one of {P.QUESTION_TYPES}")
+        options = options or options_from_question(question)
+        gt = mcq_letter(answer, options)
+        return float(gt is not None and mcq_letter(prediction, options) == gt)
+    if cfg.oe_metric == "exact":
+        return 0.0
+    if cfg.oe_metric == "judge":
+        score = float(cfg.judge(question, prediction, answer))  # type: ignore[misc]
+        return 0.0 if math.isnan(score) else max(0.0, min(1.0, score))
+    return token_f1(prediction, answer)
 
 
 # ----------------------------------------------------------------------------------------------
 # format and anchoring
 
 
-def _balanced(text: str) -> bool:
-    pairs = [(P.THINK_OPEN, P.THINK_CLOSE), (P.ANSWER_OPEN, P.ANSWER_CLOSE), (P.TOOL_CALL_OPEN, P.TOOL_CALL_CLOSE)]
-    return all(text.count(a) == text.count(b) for a, b in pairs)
+def _turns(text: str | Sequence[str], prefix: str) -> list[str]:
+    """The scored turns: one string is one turn; each turn gets the forced prefix."""
+    texts = [text] if isinstance(text, str) else list(text)
+    return [(prefix or "") + ("" if t is None else str(t)) for t in texts]
 
 
-def _substantive_think(turn: P.Turn, cfg: RewardConfig) -> bool:
-    return turn.think is not None and len(turn.think.strip()) >= cfg.min_think_chars
+def _substantive(body: str, cfg: RewardConfig) -> bool:
+    return len(P.strip_tags(body).strip()) >= cfg.min_think_chars
 
 
-def format_reward(text: str, cfg: RewardConfig | None = None, prefix: str = "") -> float:
-    """R_fmt in [0, 1] of one text (for an episode, pass the joined main turns with prefixes)."""
+def _substantive_close(turn: str, cfg: RewardConfig) -> int | None:
+    """Offset of the </think> that closes the turn's first substantive think, else None."""
+    for a, b, closed in P.think_spans(turn):
+        if closed and _substantive(turn[a:b], cfg):
+            return b
+    return None
+
+
+def _flow_close(turn: str) -> int | None:
+    """Offset of the </answer> that completes the turn's <think>…</think> … <answer>…</answer>
+    flow (a closed think, then a closed answer with a non-empty body), else None."""
+    spans = [b for _, b, closed in P.think_spans(turn) if closed]
+    if not spans:
+        return None
+    pos = spans[0] + len(P.THINK_CLOSE)
+    while True:
+        k = turn.find(P.ANSWER_OPEN, pos)
+        if k < 0:
+            return None
+        m = turn.find(P.ANSWER_CLOSE, k + len(P.ANSWER_OPEN))
+        if m < 0:
+            return None
+        if P.strip_tags(turn[k + len(P.ANSWER_OPEN):m]).strip():
+            return m
+        pos = m + len(P.ANSWER_CLOSE)
+
+
+def _think_before_call(turn: str) -> bool:
+    """A closed think ends before the turn's first tool-call block, and the turn has a readable call."""
+    if not P.parse(turn).calls:
+        return False
+    starts = [i for i in (turn.find(P.TOOL_CALL_OPEN), turn.find(P.TOOL_CODE_OPEN)) if i >= 0]
+    closes = [b for _, b, closed in P.think_spans(turn) if closed]
+    return bool(starts and closes) and closes[0] < min(starts)
+
+
+def format_reward(text: str | Sequence[str], cfg: RewardConfig | None = None, prefix: str = "") -> float:
+    """R_fmt in [0, 1] of a turn or an episode's turns (each with the forced `prefix`):
+    + think weight when some turn closes a substantive think (>= min_think_chars of content);
+    + body weight when the final answer (the last complete one, else an unclosed one) is non-empty,
+      + close weight when that answer is closed (weights 0.2/0.3/0.2, answer suffix off 0.3/0.2/0.1);
+    + 0.3 when some turn closes a think before its first parseable tool call;
+    + 0.1 when every turn's tags are balanced, only if the score is already > 0; capped at 1."""
     cfg = cfg or RewardConfig()
-    full = (prefix or "") + text
-    turn = P.parse(full)
-    w_think, w_body, w_close = (0.2, 0.3, 0.2) if cfg.answer_suffix else (0.3, 0.2, 0.1)
+    turns = _turns(text, prefix)
+    if not turns:
+        return 0.0
+    w_think, w_body, w_close = cfg.format_weights
     score = 0.0
-    if _substantive_think(turn, cfg):
+    if any(_substantive_close(t, cfg) is not None for t in turns):
         score += w_think
-    if turn.answer:
-        score += w_body
-        if turn.answer_closed:
-            score += w_close
-    if turn.calls and turn.think is not None and full.find(P.THINK_OPEN) < _first_call_pos(full):
-        score += 0.3
-    if score > 0 and _balanced(full):
-        score += 0.1
+    final = P.parse("\n".join(turns))
+    if final.answer:
+        score += w_body + (w_close if final.answer_closed else 0.0)
+    if any(_think_before_call(t) for t in turns):
+        score += cfg.fmt_think_before_call
+    if score > 0 and all(P.tags_balanced(t) for t in turns):
+        score += cfg.fmt_balanced
     return min(score, 1.0)
 
 
-def _first_call_pos(text: str) -> int:
-    positions = [i for i in (text.find(P.TOOL_CALL_OPEN), text.find(P.TOOL_CODE_OPEN)) if i >= 0]
-    return min(positions) if positions else -1
-
-
-def anchor_reward(text: str, cfg: RewardConfig | None = None, prefix: str = "") -> float:
-    """The Exploration-Anchoring terms, before the λ weight: +0.4 a substantive think closed by
-    </think>; +0.3 the full think→answer flow; −γ a <think> opened and never closed."""
+def anchor_reward(text: str | Sequence[str], cfg: RewardConfig | None = None, prefix: str = "") -> float:
+    """The Exploration-Anchoring terms, BEFORE the λ weight, each counted once per episode:
+    +0.4 when some turn's </think> closes a substantive think; +0.3 when some turn has the full
+    <think>…</think> … <answer>non-empty</answer> flow; −γ (0.3) when some turn ends with a
+    <think> still open. Range [−γ, 0.7]."""
     cfg = cfg or RewardConfig()
-    full = (prefix or "") + text
-    turn = P.parse(full)
+    turns = _turns(text, prefix)
     value = 0.0
-    if turn.think_closed and _substantive_think(turn, cfg):
+    if any(_substantive_close(t, cfg) is not None for t in turns):
         value += cfg.anchor_close_think
-    if _full_flow(full):
+    if any(_flow_close(t) is not None for t in turns):
         value += cfg.anchor_full_flow
-    if full.count(P.THINK_OPEN) > full.count(P.THINK_CLOSE):
+    if any(P.think_open_at_end(t) for t in turns):
         value -= cfg.gamma
     return value
-
-
-def _full_flow(full: str) -> bool:
-    i = full.find(P.THINK_OPEN)
-    j = full.find(P.THINK_CLOSE, i + 1) if i >= 0 else -1
-    k = full.find(P.ANSWER_OPEN, j + 1) if j >= 0 else -1
-    m = full.find(P.ANSWER_CLOSE, k + 1) if k >= 0 else -1
-    return m > k >= 0 and full[k + len(P.ANSWER_OPEN):m].strip() != ""
 
 
 # ----------------------------------------------------------------------------------------------
 # tool use, degenerate outputs, total
 
 
-def tool_reward(n_parsed_calls: int, n_executed_calls: int, acc: float) -> float:
-    """R_tool: 0 without a parseable call; 0.1 parseable; 0.3 executed; +0.5 when the answer scores."""
-    if n_parsed_calls <= 0 and n_executed_calls <= 0:
+def tool_reward(n_parsed_calls: int, n_executed_calls: int, acc: float, cfg: RewardConfig | None = None) -> float:
+    """R_tool in [0, 1]: 0 without a parseable call; 0.1 with one; 0.3 when one was executed;
+    +0.5 when R_acc > 0; capped at 1. The executed count comes from the episode's record."""
+    cfg = cfg or RewardConfig()
+    if n_parsed_calls < 0 or n_executed_calls < 0:
+        raise ValueError(f"call counts must be >= 0, got {n_parsed_calls} parsed and {n_executed_calls} executed")
+    if n_parsed_calls == 0 and n_executed_calls == 0:
         return 0.0
-    value = 0.3 if n_executed_calls > 0 else 0.1
+    value = cfg.tool_executed if n_executed_calls > 0 else cfg.tool_parsed
     if acc > 0:
-        value += 0.5
+        value += cfg.tool_correct_bonus
     return min(value, 1.0)
 
 
 def is_degenerate(text: str, cfg: RewardConfig | None = None) -> bool:
-    """Chat-format collapse: many <|im_start|> packed into a short span."""
+    """Chat-format collapse: `degenerate_im_start` (5) `<|im_start|>` markers within fewer than
+    `degenerate_window` (300) characters, measured from the first marker's start to the last's."""
     cfg = cfg or RewardConfig()
-    marker = "<|im_start|>"
-    starts = [m.start() for m in re.finditer(re.escape(marker), text)]
+    starts = [m.start() for m in re.finditer(re.escape(cfg.degenerate_marker), text or "")]
     n = cfg.degenerate_im_start
     return any(starts[i + n - 1] - starts[i] < cfg.degenerate_window for i in range(len(starts) - n + 1))
 
@@ -243,7 +346,7 @@ def is_degenerate(text: str, cfg: RewardConfig | None = None) -> bool:
 class RewardBreakdown:
     accuracy: float
     format: float
-    anchor: float  # unweighted anchor terms (reported in both anchoring modes)
+    anchor: float  # unweighted anchor terms, reported whatever the anchoring mode
     tool: float
     total: float
     degenerate: bool = False
@@ -254,7 +357,7 @@ class RewardBreakdown:
 
 def join_turns(main_texts: list[str], prefix: str = "") -> str:
     """The scored text of an episode: every main turn with its forced prefix."""
-    return "\n".join((prefix or "") + t for t in main_texts)
+    return "\n".join(_turns(main_texts, prefix))
 
 
 def score_episode(
@@ -271,19 +374,19 @@ def score_episode(
     options: list[str] | None = None,
     question: str = "",
 ) -> RewardBreakdown:
-    """R = R_acc + w_fmt·R_fmt + R_tool (+ λ·anchor when anchoring == "sequence").
+    """R = R_acc + w_fmt·R_fmt + R_tool, plus λ·anchor when anchoring == "sequence".
 
     With anchoring == "token" the anchor enters per token in the trainer (at structural
-    positions), so the scalar total leaves it out; with "off" it is not used at all."""
+    positions, `anchor_token_rewards`), so the scalar total leaves it out; with "off" it is not
+    used. A degenerate output scores a total of 0 (its terms are still reported)."""
     if anchoring not in ("sequence", "token", "off"):
         raise ValueError(f"anchoring must be sequence, token or off, got {anchoring!r}")
     cfg = cfg or RewardConfig()
-    text = join_turns(main_texts, prefix)
     acc = accuracy_reward(prediction, answer, question_type, cfg, options=options, question=question)
-    fmt = format_reward(text, cfg)
-    anc = anchor_reward(text, cfg)
-    tool = tool_reward(n_parsed_calls, n_executed_calls, acc)
-    if is_degenerate(text, cfg):
+    fmt = format_reward(main_texts, cfg, prefix)
+    anc = anchor_reward(main_texts, cfg, prefix)
+    tool = tool_reward(n_parsed_calls, n_executed_calls, acc, cfg)
+    if is_degenerate(join_turns(main_texts, prefix), cfg):
         return RewardBreakdown(acc, fmt, anc, tool, 0.0, degenerate=True)
     total = acc + cfg.w_fmt * fmt + tool
     if anchoring == "sequence":
@@ -292,6 +395,7 @@ def score_episode(
 
 
 def shape(total: float, cfg: RewardConfig | None = None) -> float:
+    """Trainer-side shaping of the public recipe: (R − 0.2)·10 (group normalization follows)."""
     cfg = cfg or RewardConfig()
     return (total - cfg.shaping_bias) * cfg.shaping_scale
 
@@ -300,95 +404,123 @@ def shape(total: float, cfg: RewardConfig | None = None) -> float:
 # token-level anchoring
 
 
+def _decode_one_by_one(tokenizer, ids: list[int]) -> list[str]:
+    seqs = [[int(t)] for t in ids]
+    if hasattr(tokenizer, "batch_decode"):  # transformers
+        return tokenizer.batch_decode(seqs, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    return tokenizer.decode_batch(seqs, skip_special_tokens=False)  # a raw `tokenizers.Tokenizer`
+
+
 def _decode(tokenizer, ids: list[int]) -> str:
-    try:
-        return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-    except TypeError:  # a raw `tokenizers.Tokenizer`
-        return tokenizer.decode(ids, skip_special_tokens=False)
+    if hasattr(tokenizer, "batch_decode"):
+        return tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    return tokenizer.decode(list(ids), skip_special_tokens=False)
 
 
-def token_char_ends(token_ids: list[int], tokenizer) -> tuple[str, list[int]]:
-    """Decoded text and, per token, the character offset where it ends.
-
-    Decoding token by token is exact for ASCII tags; when the pieces do not add up to the
-    whole decode (multi-byte characters split across byte-level tokens) we fall back to
-    decoding growing prefixes, which is quadratic but exact."""
-    text = _decode(tokenizer, list(token_ids))
-    pieces = [_decode(tokenizer, [t]) for t in token_ids]
-    if "".join(pieces) == text:
-        ends, pos = [], 0
-        for p in pieces:
-            pos += len(p)
-            ends.append(pos)
-        return text, ends
-    ends = [len(_decode(tokenizer, list(token_ids[: i + 1]))) for i in range(len(token_ids))]
-    return text, ends
+def _occurrences(text: str, tag: str) -> list[int]:
+    out, i = [], text.find(tag)
+    while i >= 0:
+        out.append(i)
+        i = text.find(tag, i + 1)
+    return out
 
 
-def _token_at(ends: list[int], char_index: int) -> int:
-    """Index of the token that contains character `char_index`."""
-    lo, hi = 0, len(ends) - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if ends[mid] > char_index:
-            hi = mid
+class _TokenText:
+    """The decoded text of a token sequence and a map from tag occurrences to the token that
+    holds each occurrence's last character.
+
+    Why hand-written: decoders give no character offsets for generated ids. Decoding each id on
+    its own keeps every ASCII character (our tags are ASCII; only the bytes of a multi-byte
+    character split over tokens turn into U+FFFD), so the n-th occurrence of a tag in the joined
+    pieces is the n-th in the real decode. If a decoder breaks that (the counts differ), the
+    offsets come from decoding growing prefixes instead: exact, but quadratic."""
+
+    def __init__(self, token_ids: list[int], tokenizer) -> None:
+        self.ids = [int(t) for t in token_ids]
+        self.text = _decode(tokenizer, self.ids) if self.ids else ""
+        pieces = _decode_one_by_one(tokenizer, self.ids) if self.ids else []
+        self.joined = "".join(pieces)
+        if any(len(_occurrences(self.joined, t)) != len(_occurrences(self.text, t)) for t in P.ALL_TAGS):
+            self.joined = self.text
+            ends = [len(_decode(tokenizer, self.ids[: i + 1])) for i in range(len(self.ids))]
         else:
-            lo = mid + 1
-    return lo
+            ends, pos = [], 0
+            for p in pieces:
+                pos += len(p)
+                ends.append(pos)
+        self.ends = ends
 
+    def token_at(self, char_index: int) -> int:
+        """The token that holds character `char_index` of `joined` (binary search on end offsets)."""
+        lo, hi = 0, len(self.ends) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.ends[mid] > char_index:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
 
-def _tag_positions(text: str, ends: list[int], tags) -> list[tuple[int, str, int]]:
-    """(token index holding the tag's last character, tag, char offset) for every tag occurrence."""
-    out = []
-    for tag in tags:
-        start = 0
-        while True:
-            i = text.find(tag, start)
-            if i < 0:
-                break
-            out.append((_token_at(ends, i + len(tag) - 1), tag, i))
-            start = i + 1
-    return sorted(out)
+    def tag_token(self, tag: str, text_offset: int) -> int | None:
+        """The token ending the occurrence of `tag` that starts at `text_offset` of `text`."""
+        occ = _occurrences(self.text, tag)
+        if text_offset not in occ:
+            return None
+        k = occ.index(text_offset)
+        joined_occ = _occurrences(self.joined, tag)
+        return self.token_at(joined_occ[k] + len(tag) - 1) if k < len(joined_occ) else None
 
 
 def structural_positions(token_ids: list[int], tokenizer) -> list[int]:
     """Indices of the tokens that are (or end) a structural tag: </think>, <answer>, </answer>,
-    <tool_call>, </tool_call>. Works whether tags are single tokens or split."""
+    <tool_call>, </tool_call>. Works whether a tag is one token or split over several (then the
+    token holding the tag's last character is the one returned)."""
     if not token_ids:
         return []
-    text, ends = token_char_ends(token_ids, tokenizer)
-    return sorted({pos for pos, _, _ in _tag_positions(text, ends, P.STRUCTURAL_TAGS)})
+    tt = _TokenText(token_ids, tokenizer)
+    return sorted({tt.token_at(i + len(tag) - 1) for tag in P.STRUCTURAL_TAGS for i in _occurrences(tt.joined, tag)})
 
 
 def anchor_token_rewards(
     token_ids: list[int], tokenizer, cfg: RewardConfig | None = None, prefix: str = ""
 ) -> dict[int, float]:
-    """Per-token anchor values (before λ) for one generated turn, placed at structural tokens:
-    +0.4 at the </think> that closes a substantive think; +0.3 at the </answer> that completes
-    the think→answer flow; −γ at the last generated token when a <think> never closes (the place
-    where the missing closure should have come at the latest). `prefix` is the forced start,
-    which is not among token_ids but counts as present."""
+    """Per-token anchor values (BEFORE λ) of ONE generated main turn: {token index: value}.
+
+    Placement (the terms of `anchor_reward`, judged on this turn):
+    - +0.4 at the `</think>` closing the turn's first substantive think;
+    - +0.3 at the `</answer>` completing the think → answer flow;
+    - −γ, when the turn ends inside its think, at the first `<tool_call>`/`<answer>` written while
+      the think was open (the token that should have been `</think>`), else at the last token
+      (a turn cut off mid-think: the latest place a closure could have come).
+    `prefix` is the forced start (e.g. "<think>\\n"): not among token_ids, but present. Every turn
+    carries its own terms, so over an episode the token-level bonus can exceed the sequence-level
+    one, which counts each term once."""
     cfg = cfg or RewardConfig()
     if not token_ids:
         return {}
-    text, ends = token_char_ends(token_ids, tokenizer)
-    full = (prefix or "") + text
+    tt = _TokenText(token_ids, tokenizer)
     shift = len(prefix or "")
-    turn = P.parse(full)
+    full = (prefix or "") + tt.text
     values: dict[int, float] = {}
-    tags = _tag_positions(text, ends, (P.THINK_CLOSE, P.ANSWER_CLOSE))
-    if turn.think_closed and _substantive_think(turn, cfg):
-        first_close = full.find(P.THINK_CLOSE) - shift
-        for pos, tag, ci in tags:
-            if tag == P.THINK_CLOSE and ci == first_close:
-                values[pos] = values.get(pos, 0.0) + cfg.anchor_close_think
-                break
-    if _full_flow(full):
-        last_close = full.rfind(P.ANSWER_CLOSE) - shift
-        for pos, tag, ci in tags:
-            if tag == P.ANSWER_CLOSE and ci == last_close:
-                values[pos] = values.get(pos, 0.0) + cfg.anchor_full_flow
-    if full.count(P.THINK_OPEN) > full.count(P.THINK_CLOSE):
-        last = len(token_ids) - 1
-        values[last] = values.get(last, 0.0) - cfg.gamma
+
+    def add(tag: str, full_offset: int | None, value: float) -> None:
+        if full_offset is None or full_offset < shift:
+            return
+        pos = tt.tag_token(tag, full_offset - shift)
+        if pos is not None:
+            values[pos] = values.get(pos, 0.0) + value
+
+    add(P.THINK_CLOSE, _substantive_close(full, cfg), cfg.anchor_close_think)
+    add(P.ANSWER_CLOSE, _flow_close(full), cfg.anchor_full_flow)
+    if P.think_open_at_end(full):
+        body_start = P.think_spans(full)[-1][0]
+        hits = [(i, tag) for tag in (P.TOOL_CALL_OPEN, P.ANSWER_OPEN) for i in [full.find(tag, max(body_start, shift))]
+                if i >= 0]
+        pos = None
+        if hits:
+            i, tag = min(hits)
+            pos = tt.tag_token(tag, i - shift)
+        if pos is None:
+            pos = len(token_ids) - 1
+        values[pos] = values.get(pos, 0.0) - cfg.gamma
     return values

@@ -1,53 +1,105 @@
-"""`paravt serve`: an OpenAI-compatible chat server over any Backend (the hf one by default).
+"""`paravt serve`: an OpenAI-compatible chat server over any Backend (the in-process hf one by default).
 
-Concurrent HTTP requests are awaited together, so the hf backend batches them into one
-forward pass. The server never fetches URLs or opens files: images must be data URLs.
+Each HTTP request awaits `backend.generate([request])`; requests that arrive together are
+therefore awaited together, and the hf backend merges them into one batched forward pass.
+
+Safety, because a model server is a network service:
+- binds 127.0.0.1 unless told otherwise; a bearer key is checked on /v1/* when given;
+- never fetches a URL or opens a file: images must be base64 data URLs, decoded in memory,
+  with a cap on their pixel count (a small PNG can inflate to gigabytes);
+- bodies over `max_body_bytes` are refused (413) while they stream in, not after;
+- every error is OpenAI-shaped JSON `{"error": {"message", "type", "code"}}`.
+
+Supported: string or list content with text and image_url parts; temperature, top_p,
+max_tokens / max_completion_tokens, seed, stop, n=1, stream=false, logprobs (tokens are
+reported as "token_id:N", as vLLM's --return-tokens-as-token-ids does, because the server
+is tokenizer-agnostic and exact ids are what a trainer needs), and vLLM's
+`continue_final_message` / `add_generation_prompt` for a forced assistant prefix.
+`usage.prompt_tokens_details.image_tokens` carries the visual share of the prompt.
 """
 
-
+# no `from __future__ import annotations`: FastAPI resolves the handlers' annotations (Request) at runtime
+import asyncio
 import base64
 import binascii
+import hmac
 import io
+import json
+import logging
 import time
 import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from paravt.backends.base import Backend, BackendError, GenerateRequest, ImagePart, Message, TextPart
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
+MAX_IMAGE_PIXELS = 4096 * 4096
+MAX_NEW_TOKENS = 32768
+log = logging.getLogger("paravt.serve")
 
 
 class PayloadError(ValueError):
-    pass
+    """A request the server understands to be wrong; its message goes back to the client (400)."""
 
 
-def _decode_image(url: str) -> np.ndarray:
+@dataclass
+class ChatRequest:
+    """A parsed /v1/chat/completions body."""
+
+    request: GenerateRequest
+    model: str | None
+    logprobs: bool
+
+
+def decode_image(url: str, max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray:
+    """A base64 image data URL -> HxWx3 uint8 RGB. Anything else is refused: the server fetches nothing."""
     from PIL import Image
 
-    if not url.startswith("data:image/"):
-        raise PayloadError("image_url must be a base64 data URL (data:image/...;base64,...); the server fetches nothing")
+    if not isinstance(url, str) or not url.startswith("data:"):
+        shown = url[:60] if isinstance(url, str) else type(url).__name__
+        raise PayloadError(f"image_url must be a base64 data URL (data:image/...;base64,...), got {shown!r}; "
+                           "this server never fetches URLs or opens files")
+    header, sep, b64 = url.partition(",")
+    if not sep or not header.startswith("data:image/") or not header.endswith(";base64"):
+        raise PayloadError("image_url must be a base64 data URL of an image (data:image/png;base64,...)")
     try:
-        header, b64 = url.split(",", 1)
-        if ";base64" not in header:
-            raise PayloadError("image data URL must be base64-encoded")
-        img = Image.open(io.BytesIO(base64.b64decode(b64, validate=True))).convert("RGB")
-    except (ValueError, binascii.Error, OSError) as e:
-        raise PayloadError(f"image could not be decoded: {e}") from None
-    return np.asarray(img)
+        raw = base64.b64decode(b64, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise PayloadError(f"image data URL is not valid base64: {e}") from None
+    try:
+        img = Image.open(io.BytesIO(raw))  # lazy: reads the header only, so the size check comes first
+        w, h = img.size
+        if w * h > max_pixels:
+            raise PayloadError(f"image of {w}x{h} pixels is over the limit of {max_pixels} pixels")
+        arr = np.asarray(img.convert("RGB"))
+    except PayloadError:
+        raise
+    except Exception as e:  # PIL raises many kinds (UnidentifiedImageError, OSError, DecompressionBombError, ...)
+        raise PayloadError(f"image could not be decoded: {type(e).__name__}: {e}") from None
+    return arr
 
 
-def parse_messages(raw) -> tuple[list[Message], str]:
-    """OpenAI messages -> our Messages; a trailing assistant message becomes the forced prefix."""
+def parse_messages(raw: Any, max_pixels: int = MAX_IMAGE_PIXELS) -> list[Message]:
+    """OpenAI chat messages -> our Messages (images decoded to arrays)."""
     if not isinstance(raw, list) or not raw:
         raise PayloadError("messages must be a non-empty list")
     msgs: list[Message] = []
     for i, m in enumerate(raw):
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
-            raise PayloadError(f"messages[{i}] needs a role of system, user or assistant")
+        role = m.get("role") if isinstance(m, dict) else None
+        if role == "developer":  # the newer OpenAI name of the system role
+            role = "system"
+        if role not in ("system", "user", "assistant"):
+            raise PayloadError(f"messages[{i}].role must be system, user or assistant, got {role!r} "
+                               "(tools are called through text tags, not the tool role)")
         content = m.get("content")
+        if content is None and role == "assistant":
+            content = ""
         if isinstance(content, str):
-            msgs.append(Message(m["role"], content))
+            msgs.append(Message(role, content))
             continue
         if not isinstance(content, list):
             raise PayloadError(f"messages[{i}].content must be a string or a list of parts")
@@ -57,84 +109,167 @@ def parse_messages(raw) -> tuple[list[Message], str]:
             if kind == "text" and isinstance(p.get("text"), str):
                 parts.append(TextPart(p["text"]))
             elif kind == "image_url" and isinstance(p.get("image_url"), (dict, str)):
-                url = p["image_url"]["url"] if isinstance(p["image_url"], dict) else p["image_url"]
-                parts.append(ImagePart(_decode_image(str(url))))
+                url = p["image_url"].get("url") if isinstance(p["image_url"], dict) else p["image_url"]
+                try:
+                    parts.append(ImagePart(decode_image(url, max_pixels)))
+                except PayloadError as e:
+                    raise PayloadError(f"messages[{i}].content[{j}]: {e}") from None
             else:
-                raise PayloadError(f"messages[{i}].content[{j}] must be a text or image_url part")
-        msgs.append(Message(m["role"], parts))
-    return msgs, ""
+                raise PayloadError(f"messages[{i}].content[{j}] must be a text part or an image_url part "
+                                   f"(got type {kind!r})")
+        if role != "user" and any(isinstance(p, ImagePart) for p in parts):
+            raise PayloadError(f"messages[{i}]: images are accepted in user messages only")
+        msgs.append(Message(role, parts))
+    return msgs
 
 
-def create_app(backend: Backend, model_name: str, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES):
+def _number(body: dict, key: str, default: float, lo: float, hi: float, kind: type = float) -> Any:
+    v = body.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not float(v).is_integer()):
+        raise PayloadError(f"{key} must be {'an integer' if kind is int else 'a number'}, got {v!r}")
+    if not lo <= v <= hi:
+        raise PayloadError(f"{key} must be between {lo:g} and {hi:g}, got {v!r}")
+    return kind(v)
+
+
+def parse_chat_request(body: Any, max_pixels: int = MAX_IMAGE_PIXELS) -> ChatRequest:
+    """Validate a /v1/chat/completions body and turn it into a GenerateRequest; PayloadError says what is wrong."""
+    if not isinstance(body, dict):
+        raise PayloadError("the body must be a JSON object")
+    if body.get("stream"):
+        raise PayloadError("stream=true is not supported; send stream=false")
+    if _number(body, "n", 1, 1, 128, int) != 1:
+        raise PayloadError("only n=1 is supported")
+    if body.get("tools") or body.get("functions"):
+        raise PayloadError("native tool calling is not supported; crop_video calls are written as text tags")
+    if _number(body, "top_logprobs", 0, 0, 20, int):
+        raise PayloadError("top_logprobs is not supported (logprobs=true gives the sampled tokens' logprobs)")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise PayloadError("model must be a string")
+    messages = parse_messages(body.get("messages"), max_pixels)
+    cont = bool(body.get("continue_final_message", False))
+    add_gen = body.get("add_generation_prompt")
+    prefix = ""
+    if cont:
+        if add_gen:
+            raise PayloadError("continue_final_message and add_generation_prompt cannot both be true")
+        if messages[-1].role != "assistant":
+            raise PayloadError("continue_final_message needs the last message to be the assistant's")
+        prefix = messages.pop().text()
+        if not messages:
+            raise PayloadError("continue_final_message needs a message before the assistant's")
+    elif add_gen is False:
+        raise PayloadError("add_generation_prompt=false is only supported with continue_final_message=true")
+    max_tokens = body.get("max_completion_tokens")
+    key = "max_completion_tokens"
+    if max_tokens is None:
+        key = "max_tokens"
+    max_new = _number(body, key, 1024, 1, MAX_NEW_TOKENS, int)
+    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+    if top_p <= 0:
+        raise PayloadError("top_p must be greater than 0")
+    seed = _number(body, "seed", None, -(2**63), 2**63 - 1, int)
+    stop = body.get("stop") or []
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or len(stop) > 16 or not all(isinstance(s, str) and s for s in stop):
+        raise PayloadError("stop must be a non-empty string or a list of at most 16 non-empty strings")
+    req = GenerateRequest(messages=messages, max_new_tokens=max_new, temperature=temperature, top_p=top_p,
+                          prefix=prefix, stop=list(stop), seed=None if seed is None else seed % (2**63))
+    return ChatRequest(request=req, model=model, logprobs=bool(body.get("logprobs", False)))
+
+
+def create_app(backend: Backend, model_name: str, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+               max_image_pixels: int = MAX_IMAGE_PIXELS):
+    """The FastAPI app. Any Backend works (tests use fakes); `model_name` is the id /v1/models lists
+    and the only one /v1/chat/completions accepts (as vLLM does, so a wrong model is a clear 404)."""
     from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException
 
-    app = FastAPI(title="paravt serve", version="1")
+    app = FastAPI(title="paravt serve", version="1", docs_url=None, redoc_url=None, openapi_url=None)
+    kinds = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+             405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error"}
 
-    def error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
+    def error(status: int, message: str, kind: str | None = None) -> JSONResponse:
+        kind = kind or kinds.get(status, "server_error")
         return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind, "code": status}})
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException):
+        return error(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}")
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError):
+        return error(422, str(exc.errors())[:1000])
+
+    @app.exception_handler(Exception)
+    async def _crash(request: Request, exc: Exception):
+        log.exception("request failed")
+        return error(500, f"internal error: {type(exc).__name__}: {exc}")
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
         if api_key and request.url.path.startswith("/v1"):
-            if request.headers.get("authorization", "") != f"Bearer {api_key}":
-                return error(401, "missing or wrong API key", "authentication_error")
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                return error(401, "missing or wrong API key (send Authorization: Bearer KEY)")
         length = request.headers.get("content-length")
         if length and length.isdigit() and int(length) > max_body_bytes:
-            return error(413, f"request body over {max_body_bytes} bytes")
+            return error(413, f"request body of {length} bytes is over the limit of {max_body_bytes} bytes")
         return await call_next(request)
 
     @app.get("/health")
     async def health():
-        return {"status": "ok"}
+        return {"status": "ok", "model": model_name}
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "paravt"}]}
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "paravt"}]}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
-        body_bytes = await request.body()
-        if len(body_bytes) > max_body_bytes:
-            return error(413, f"request body over {max_body_bytes} bytes")
+        # Read the body in chunks so a chunked upload without Content-Length is stopped at the limit too.
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_body_bytes:
+                return error(413, f"request body is over the limit of {max_body_bytes} bytes")
+            chunks.append(chunk)
         try:
-            body = await request.json()
-        except ValueError:
-            return error(400, "body is not valid JSON")
-        if not isinstance(body, dict):
-            return error(400, "body must be a JSON object")
+            body = json.loads(b"".join(chunks))
+        except ValueError as e:
+            return error(400, f"the body is not valid JSON: {e}")
         try:
-            if body.get("stream"):
-                raise PayloadError("stream=true is not supported; send stream=false")
-            if int(body.get("n", 1)) != 1:
-                raise PayloadError("only n=1 is supported")
-            messages, _ = parse_messages(body.get("messages"))
-            prefix = ""
-            if body.get("continue_final_message") and messages and messages[-1].role == "assistant":
-                prefix = messages.pop().text()
-            max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 512)
-            temperature = float(body.get("temperature", 1.0))
-            top_p = float(body.get("top_p", 1.0))
-            if max_tokens < 1 or not 0 <= temperature <= 5 or not 0 < top_p <= 1:
-                raise PayloadError("max_tokens >= 1, 0 <= temperature <= 5 and 0 < top_p <= 1 are required")
-            stop = body.get("stop") or []
-            stop = [stop] if isinstance(stop, str) else list(stop)
-            seed = body.get("seed")
-            req = GenerateRequest(messages=messages, max_new_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                                  prefix=prefix, stop=stop, seed=int(seed) if seed is not None else None)
-        except (PayloadError, TypeError, ValueError) as e:
+            # image decoding is CPU work: off the event loop, so other requests keep flowing
+            parsed = await asyncio.to_thread(parse_chat_request, body, max_image_pixels)
+        except PayloadError as e:
             return error(400, str(e))
+        if parsed.model is not None and parsed.model != model_name:
+            return error(404, f"model {parsed.model!r} is not served here; this server serves {model_name!r}")
         try:
-            c = (await backend.generate([req]))[0]
+            c = (await backend.generate([parsed.request]))[0]
         except BackendError as e:
-            return error(500, str(e), "server_error")
+            return error(500, f"the model failed: {e}")
+        if c.finish_reason == "error" or c.error:
+            return error(500, f"the model failed: {c.error or 'unknown error'}")
+        choice: dict = {"index": 0, "message": {"role": "assistant", "content": c.text},
+                        "finish_reason": c.finish_reason, "logprobs": None}
+        if parsed.logprobs and c.logprobs is not None:
+            ids = c.token_ids or []
+            choice["logprobs"] = {"content": [
+                {"token": f"token_id:{ids[i]}" if i < len(ids) else "", "logprob": lp, "bytes": None,
+                 "top_logprobs": []} for i, lp in enumerate(c.logprobs)]}
         return {
-            "id": "chatcmpl-" + uuid.uuid4().hex[:16],
+            "id": "chatcmpl-" + uuid.uuid4().hex,
             "object": "chat.completion",
             "created": int(time.time()),
             "model": model_name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
-                         "finish_reason": c.finish_reason}],
+            "choices": [choice],
             "usage": {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
                       "total_tokens": c.prompt_tokens + c.completion_tokens,
                       "prompt_tokens_details": {"image_tokens": c.visual_tokens}},
@@ -145,17 +280,27 @@ def create_app(backend: Backend, model_name: str, api_key: str | None = None, ma
 
 def serve(model: str | None, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           max_batch: int = 16) -> None:
+    """Load the model (or build an untrained tiny one) and serve it until interrupted."""
     import uvicorn
+    from rich.console import Console
 
     from paravt.backends.hf import HFBackend
     from paravt.models import load_model
-    from paravt.models.tiny import build_tiny
 
+    console = Console(stderr=True)
     if model:
         m, p = load_model(model)
-        name = model.rstrip("/").split("/")[-1]
+        # a local directory is served under its folder name, a hub id under itself (as vLLM does)
+        name = Path(model).expanduser().resolve().name if Path(model).expanduser().exists() else model
     else:
+        from paravt.models.tiny import build_tiny
+
+        console.print("[yellow]no --model given: serving an untrained tiny Qwen3-VL (its output is noise)[/yellow]")
         m, p = build_tiny()
         name = "tiny-untrained"
+    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        console.print(f"[yellow]warning: listening on {host} without --api-key: anyone who can reach it can use it"
+                      "[/yellow]")
+    console.print(f"paravt serve: model [bold]{name}[/bold] at http://{host}:{port}/v1 (max batch {max_batch})")
     app = create_app(HFBackend(m, p, max_batch=max_batch), name, api_key=api_key)
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -1,10 +1,24 @@
 """Video frames for the episode: overview(K), crop(start, end), resized to a pixel budget.
 
-Decoder choice: PyAV. It ships FFmpeg inside its wheels (nothing to install on the host),
-exposes keyframe seeking and pts directly, and releases the GIL while decoding so the
-thread pool below overlaps crops. torchcodec needs host FFmpeg shared libraries and a
-release pinned to the exact torch version; see benchmarks/bench_video.py for the
-figures that went into this choice (they are quoted in the project notes).
+Decoder choice: PyAV (measured against torchcodec; `benchmarks/bench_video.py`, same
+30-min 640x360 H.264 file, keyframe every 5 s, frames resized to 288x160, median per op,
+on the shared 2-core dev box under load ~7, so compare columns, not absolutes):
+
+    op                 PyAV wall / CPU   torchcodec 0.13 wall / CPU   ffmpeg CLI wall / CPU
+    open + probe         24 /   11 ms            -                       195 /   107 ms (ffprobe)
+    overview(64)       5349 / 2684 ms    4462 / 2218 ms               20424 / 10193 ms (64 runs)
+    overview(8)         703 /  359 ms     568 /  283 ms                2509 /  1264 ms (8 runs)
+    crop 10 s @ 1 fps   280 /  180 ms     294 /  146 ms                 520 /   331 ms
+
+The two are within ~20% of each other (both drive FFmpeg's decoder; the work is the
+frames from the keyframe to the target). torchcodec does not fit this project: its PyPI
+wheels 0.15-0.17 are CUDA builds (`import torchcodec` against torch 2.13+cpu fails with
+"OSError: libnvrtc.so.13: cannot open shared object file"), 0.10 fails on ABI
+("undefined symbol: _ZN3c1013MessageLoggerC1EPKciib"), and only 0.13.0 happens to load; it
+also needs the host's FFmpeg shared libraries. PyAV bundles FFmpeg in its wheel, has no
+tie to the torch version, exposes the demuxer's keyframe index (used by the seek policy
+below) and per-frame pts, and releases the GIL while decoding, so the thread pool below
+overlaps crops.
 
 Timestamps come from pts * time_base, never index / fps, so variable-frame-rate files
 return the frames nearest the requested times.
@@ -25,6 +39,8 @@ import numpy as np
 MAX_PIXELS = 50176  # 224 * 224
 MIN_PIXELS = 784  # 28 * 28
 FACTOR = 32  # Qwen3-VL: patch 16 x spatial merge 2
+SEEK_COST = 0.5  # s of decoding a seek must skip to be worth it (flush + refill of the decoder)
+NO_INDEX_GAP = 2.0  # s; without a demuxer index, re-seek only past this gap
 
 
 class VideoError(Exception):
@@ -49,7 +65,12 @@ class Frame:
 def resize_to_budget(
     height: int, width: int, max_pixels: int = MAX_PIXELS, min_pixels: int = MIN_PIXELS, factor: int = FACTOR
 ) -> tuple[int, int]:
-    """Sides that are multiples of `factor`, keep the aspect ratio and fit the pixel budget."""
+    """Sides that are multiples of `factor`, keep the aspect ratio and fit the pixel budget.
+
+    Qwen-VL's smart_resize rule. Written out rather than imported: transformers' copy lives
+    in its image-processor modules (seconds to import, torchvision for the fast one) and
+    rounds a side under factor/2 to 0; here a side is at least one `factor`.
+    """
     if height <= 0 or width <= 0:
         raise ValueError(f"bad frame size {width}x{height}")
     h = max(factor, round(height / factor) * factor)
@@ -82,6 +103,10 @@ def sample_times(
 ) -> list[float]:
     """Timestamps of a crop: `fps` frames per second of the window, at least 1 frame,
     at most `max_frames` (or `num_frames` when given and not larger)."""
+    if math.isnan(start) or math.isnan(end) or math.isinf(start):
+        raise ValueError(f"times must be numbers, got start={start}, end={end}")
+    if math.isinf(end) and duration is None:
+        raise ValueError("an open-ended crop needs the video's duration")
     if duration is not None:
         if start >= duration:
             raise ValueError(f"start {start:.2f}s is at or after the end of the video ({duration:.2f}s)")
@@ -109,14 +134,23 @@ class VideoReader:
         max_pixels: int = MAX_PIXELS,
         min_pixels: int = MIN_PIXELS,
         factor: int = FACTOR,
+        decoder_threads: int = 0,
     ) -> None:
+        """Opens and probes now, so a bad file fails here with a VideoError.
+
+        decoder_threads: FFmpeg decoding threads per open decoder (0: FFmpeg picks by core
+        count; frame threads cut one crop's latency at about the same CPU); 1 keeps cores
+        free when many crops already run side by side on the pool.
+        """
         self.path = Path(path)
+        self.decoder_threads = decoder_threads
         self.max_pixels = max_pixels
         self.min_pixels = min_pixels
         self.factor = factor
         self._local = threading.local()
         self._containers: list = []
         self._lock = threading.Lock()
+        self.frames_decoded = 0  # counter for tests and benchmarks (approximate under threads)
         self._check_file()
         self._info = self._probe()
 
@@ -141,6 +175,7 @@ class VideoReader:
             raise VideoError(f"{self.path}: has no video stream (audio-only or data file)")
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
+        stream.codec_context.thread_count = self.decoder_threads
         return container
 
     def _container(self):
@@ -168,11 +203,12 @@ class VideoReader:
         # Only the tail is read when a duration is stated (a long file is not scanned whole).
         last_pts, count = None, 0
         try:
-            for tail_from in ([duration - 10.0, None] if duration else [None]):
-                if tail_from is not None:
-                    c.seek(int(max(tail_from, 0.0) / float(s.time_base)), stream=s, backward=True, any_frame=False)
-                else:
-                    c.seek(0, stream=s, backward=True, any_frame=False) if duration else None
+            # tail first; the whole stream only if the tail holds nothing (file cut short)
+            for scan_from in ([max(duration - 10.0, 0.0), None] if duration else [None]):
+                if scan_from is not None:
+                    c.seek(int(scan_from / float(s.time_base)), stream=s, backward=True, any_frame=False)
+                elif duration:
+                    c.seek(0, stream=s, backward=True, any_frame=False)
                 for packet in c.demux(s):
                     if packet.pts is not None:
                         t = float(packet.pts * s.time_base)
@@ -191,13 +227,13 @@ class VideoReader:
         if fps <= 0:
             fps = 25.0  # unknown rate: timestamps still come from pts, fps only sets the crop gap
         self._start = start
-        self._keyframe_sparse = None
         w, h = s.codec_context.width, s.codec_context.height
         if not w or not h:
             raise VideoError(f"{self.path}: video stream has no frame size")
         return VideoInfo(duration=duration, fps=fps, num_frames=num_frames or int(round(duration * fps)), width=w, height=h)
 
     def probe(self) -> VideoInfo:
+        """Duration (s), mean fps, frame count and size, measured when the reader opened."""
         return self._info
 
     @property
@@ -211,10 +247,9 @@ class VideoReader:
 
     # ---------- decoding ----------
     def frames_at(self, timestamps: list[float]) -> list[Frame]:
-        """The decoded frames nearest each requested time, in request order.
-
-        Seeks to the keyframe before each run of targets and decodes forward; targets close
-        together (within a few seconds) share one forward pass instead of re-seeking.
+        """The decoded frames nearest each requested time (seconds from the video's start),
+        in request order; each Frame carries the decoded frame's own time (pts * time_base).
+        The primitive under overview() and crop(); see _decode_nearest for the seek policy.
         """
         if not timestamps:
             return []
@@ -233,44 +268,58 @@ class VideoReader:
             out[i] = Frame(image=img, timestamp=round(ts - self._start, 6))
         return out  # type: ignore[return-value]
 
-    def _decode_nearest(self, wanted: list[float]):
-        """For sorted target times: (frame, time) of the decoded frame nearest each."""
+    def _decode_nearest(self, wanted: list[float]) -> list[tuple]:
+        """For sorted target times (stream clock): (frame, time) of the decoded frame nearest each.
+
+        One forward pass serves every target it reaches; it breaks off and seeks only when
+        the keyframe a seek would land on lies well past the frame just decoded, i.e. when
+        seeking skips real work. So sparse targets cost one GOP each, and targets denser
+        than keyframes are decoded in one sequential pass, each frame at most once.
+        """
         c = self._container()
         s = c.streams.video[0]
         tb = float(s.time_base)
-        gap = max(2.0, 4.0 / max(self._info.fps, 1e-6))  # re-seek only past this gap
         results: list = []
-        i = 0
+        i, n = 0, len(wanted)
         try:
-            while i < len(wanted):
+            while i < n:
                 target = wanted[i]
-                c.seek(int(max(target - 1e-3, 0) / tb), stream=s, backward=True, any_frame=False)
-                prev = None  # (frame, t)
-                resolved_here = False
-                for frame in c.decode(s):
+                # With B-frames a keyframe's pts is after its dts (what the index holds), so a
+                # seek can land one keyframe late; step back until the first frame is not after
+                # the target.
+                back = 0.0
+                for _ in range(4):
+                    seek_t = max(target - back, self._start)
+                    c.seek(round(seek_t / tb), stream=s, backward=True, any_frame=False)
+                    frames = c.decode(s)
+                    first = next((f for f in frames if f.pts is not None), None)
+                    if first is None or first.pts * tb <= target + 1e-9 or seek_t <= self._start:
+                        break
+                    back = max(1.0, 2 * back)
+                if first is None:
+                    raise VideoError(f"{self.path}: no frame decodable near {target - self._start:.2f}s")
+                prev = None  # (frame, t) of the last frame before the current one
+                resolved = False  # a seek is followed by another only after it served a target
+                for frame in _chain(first, frames):
                     if frame.pts is None:
                         continue
                     t = frame.pts * tb
-                    # resolve every target that this frame passes
-                    while i < len(wanted) and t >= wanted[i]:
+                    self.frames_decoded += 1
+                    while i < n and t >= wanted[i]:  # resolve every target this frame passes
                         if prev is not None and abs(prev[1] - wanted[i]) <= abs(t - wanted[i]):
                             results.append(prev)
                         else:
                             results.append((frame, t))
                         i += 1
-                        resolved_here = True
-                    if i >= len(wanted):
+                        resolved = True
+                    if i >= n:
                         break
                     prev = (frame, t)
-                    # next target far ahead: seek instead of decoding through (only after this
-                    # seek served a target, so a target past a long GOP still gets reached)
-                    if resolved_here and wanted[i] - t > gap:
+                    if resolved and self._seek_saves_work(t, wanted[i]):
                         break
                 else:
-                    # end of stream: remaining targets get the last frame
-                    while i < len(wanted):
-                        if prev is None:
-                            raise VideoError(f"{self.path}: no frame decodable near {wanted[i] - self._start:.2f}s")
+                    # end of stream: the remaining targets get the last frame
+                    while i < n:
                         results.append(prev)
                         i += 1
         except VideoError:
@@ -279,12 +328,40 @@ class VideoReader:
             raise VideoError(f"{self.path}: decode failed ({type(e).__name__}: {e})") from None
         return results
 
+    def _seek_saves_work(self, t: float, target: float) -> bool:
+        """Whether seeking for `target` skips more than SEEK_COST seconds of decoding from `t`."""
+        if target - t <= SEEK_COST:
+            return False
+        landing = self._keyframe_before(target)
+        if landing is None:  # no demuxer index (e.g. MPEG-TS): assume a keyframe every few seconds
+            return target - t > NO_INDEX_GAP
+        return landing - t > SEEK_COST
+
+    def _keyframe_before(self, target: float) -> float | None:
+        """Time (stream clock) of the keyframe a backward seek to `target` lands on, from the
+        demuxer's index (MP4/MKV keep one in memory after opening; nothing is read)."""
+        s = self._container().streams.video[0]
+        entries = s.index_entries
+        if len(entries) == 0:
+            return None
+        j = entries.search_timestamp(round(target / float(s.time_base)), backward=True)
+        if j < 0:
+            return self._start
+        return float(entries[j].timestamp * s.time_base)
+
     def overview(self, k: int) -> list[Frame]:
-        return self.frames_at(overview_times(self._info.duration, k))
+        """k frames spread over the whole video, one from the middle of each of k equal segments."""
+        try:
+            times = overview_times(self._info.duration, k)
+        except ValueError as e:
+            raise VideoError(f"{self.path}: bad overview: {e}") from None
+        return self.frames_at(times)
 
     def crop(
         self, start: float, end: float, fps: float = 1.0, max_frames: int = 16, num_frames: int | None = None
     ) -> list[Frame]:
+        """Frames of [start, end] at `fps` (>= 1, <= max_frames; see sample_times); end is
+        clamped to the duration; start >= end, start >= duration or a negative time is a VideoError."""
         try:
             times = sample_times(start, end, fps, max_frames, num_frames, duration=self._info.duration)
         except ValueError as e:
@@ -323,6 +400,11 @@ class VideoReader:
     def __repr__(self) -> str:
         i = self._info
         return f"VideoReader({str(self.path)!r}, {i.duration:.1f}s, {i.width}x{i.height}@{i.fps:.2f})"
+
+
+def _chain(first, rest):
+    yield first
+    yield from rest
 
 
 _POOL: ThreadPoolExecutor | None = None

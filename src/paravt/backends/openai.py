@@ -1,18 +1,39 @@
 """Backend for any OpenAI-compatible chat server (vLLM, SGLang, `paravt serve`).
 
-Frames travel as base64 PNG data URLs in `image_url` parts, in message order. A forced
-assistant prefix is sent as a trailing assistant message with `continue_final_message`
-(vLLM / SGLang / paravt serve read it from the request body; plain OpenAI ignores it).
-Several endpoints (data-parallel servers) are used at once: each request goes to the
-endpoint with the fewest requests in flight.
+What goes over the wire, and why:
+- Frames travel as base64 data URLs (PNG by default: lossless, so the served model sees the
+  pixels the episode sampled; JPEG on request for smaller bodies) in `image_url` parts, in
+  message order, interleaved with the text parts (the `<12.5 seconds>` timestamps).
+- A forced assistant prefix (e.g. "<think>\\n") is sent as a trailing assistant message with
+  `continue_final_message=true, add_generation_prompt=false` in the body. vLLM and
+  `paravt serve` continue that message (check other servers' support); the official OpenAI
+  API does not know these fields (it would answer a new turn). `Completion.text` never includes the prefix; servers that
+  echo it have it cut off.
+- Concurrency: at most `concurrency` requests in flight per endpoint. With several endpoints
+  (data-parallel servers) each request goes to the endpoint with the fewest requests in
+  flight, ties broken round-robin; a retry after a failure goes to another endpoint if there
+  is one, so one dead replica does not fail an evaluation.
+- Retries with exponential backoff (and jitter) on connection errors, timeouts, 429 and 5xx;
+  any other 4xx is a `BackendError` at once, with the status and the server's message.
+- `logprobs=True` asks for per-token logprobs (and reads exact token ids where the server
+  reports tokens as "token_id:N", as vLLM's `--return-tokens-as-token-ids` and `paravt serve`
+  do). Note that vLLM reports logprobs of the raw model by default, like the hf backend.
+
+Token-exact continuation is not possible over this API: assistant messages are sent as text
+(`Message.token_ids` is ignored), so training should use the in-process hf backend.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import io
+import itertools
 import random
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
 
 import httpx
 import numpy as np
@@ -20,143 +41,286 @@ import numpy as np
 from paravt.backends.base import BackendError, Completion, GenerateRequest, ImagePart, Message, TextPart
 
 
-def image_data_url(image: np.ndarray) -> str:
+def image_data_url(image: np.ndarray, fmt: str = "png", quality: int = 90) -> str:
+    """An HxWx3 uint8 frame as a `data:image/...;base64,` URL."""
     from PIL import Image
 
+    arr = np.asarray(image)
+    if arr.ndim != 3 or arr.shape[2] != 3 or arr.dtype != np.uint8:
+        raise BackendError(f"frames must be HxWx3 uint8 arrays, got shape {arr.shape} dtype {arr.dtype}")
     buf = io.BytesIO()
-    Image.fromarray(np.asarray(image, dtype=np.uint8)).save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    if fmt == "png":
+        Image.fromarray(arr).save(buf, format="PNG", compress_level=1)  # speed over size: frames are noisy anyway
+        mime = "image/png"
+    elif fmt in ("jpeg", "jpg"):
+        Image.fromarray(arr).save(buf, format="JPEG", quality=quality)
+        mime = "image/jpeg"
+    else:
+        raise ValueError(f"image format must be png or jpeg, not {fmt!r}")
+    return f"data:{mime};base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def to_openai_messages(messages: list[Message], prefix: str = "") -> list[dict]:
-    out = []
+class _UrlCache:
+    """Encoded frames by content hash, bounded in bytes. The main agent resends the same K overview
+    frames every turn (and a GRPO group resends them n times); encoding them once saves most of the
+    client's CPU (PNG-encoding a 448x448 frame takes 10-40 ms)."""
+
+    def __init__(self, max_bytes: int = 128 * 2**20):
+        self.max_bytes = max_bytes
+        self._d: OrderedDict[bytes, str] = OrderedDict()
+        self._size = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+
+    def get(self, image: np.ndarray, fmt: str) -> str:
+        arr = np.ascontiguousarray(image)
+        h = hashlib.blake2b(arr.data, digest_size=16)
+        h.update(f"{arr.shape}{arr.dtype}{fmt}".encode())
+        key = h.digest()
+        with self._lock:
+            url = self._d.get(key)
+            if url is not None:
+                self._d.move_to_end(key)
+                self.hits += 1
+                return url
+        url = image_data_url(arr, fmt)
+        with self._lock:
+            if key not in self._d and len(url) <= self.max_bytes:
+                self._d[key] = url
+                self._size += len(url)
+                while self._size > self.max_bytes:
+                    self._size -= len(self._d.popitem(last=False)[1])
+        return url
+
+
+def to_openai_messages(messages: list[Message], prefix: str = "", image_format: str = "png",
+                       cache: _UrlCache | None = None) -> list[dict]:
+    """Our messages as OpenAI chat messages; the forced prefix becomes a trailing assistant message."""
+    out: list[dict] = []
     for m in messages:
         if isinstance(m.content, str) or not m.images():
             out.append({"role": m.role, "content": m.text()})
             continue
-        parts = []
+        parts: list[dict] = []
         for p in m.parts():
             if isinstance(p, TextPart):
-                parts.append({"type": "text", "text": p.text})
+                if p.text:
+                    parts.append({"type": "text", "text": p.text})
             elif isinstance(p, ImagePart):
-                parts.append({"type": "image_url", "image_url": {"url": image_data_url(p.image)}})
+                url = cache.get(p.image, image_format) if cache else image_data_url(p.image, image_format)
+                parts.append({"type": "image_url", "image_url": {"url": url}})
         out.append({"role": m.role, "content": parts})
     if prefix:
         out.append({"role": "assistant", "content": prefix})
     return out
 
 
+class _Retryable(Exception):
+    """A failure worth another try (connection error, timeout, 429, 5xx)."""
+
+    def __init__(self, message: str, wait_s: float = 0.0):
+        super().__init__(message)
+        self.wait_s = wait_s
+
+
+@dataclass
+class _LoopState:
+    """Things bound to one event loop (an httpx client and asyncio primitives cannot cross loops;
+    callers such as `run_episode_sync` and the trainer start a fresh loop per call)."""
+
+    loop: asyncio.AbstractEventLoop
+    client: httpx.AsyncClient
+    sem: asyncio.Semaphore
+    model_lock: asyncio.Lock
+    inflight: dict[str, int] = field(default_factory=dict)
+
+
 class OpenAIBackend:
+    """`Backend` over one or more OpenAI-compatible servers."""
+
     name = "openai"
 
-    def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None, *, concurrency: int = 8,
-                 timeout_s: float = 300.0, max_retries: int = 4, backoff_s: float = 0.5,
-                 endpoints: list[str] | None = None):
-        urls = endpoints or [base_url]
-        self.endpoints = [self._v1(u) for u in urls]
+    def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None, concurrency: int = 8,
+                 timeout_s: float = 300.0, max_retries: int = 4, endpoints: list[str] | None = None, *,
+                 backoff_s: float = 0.5, logprobs: bool = False, image_format: str = "png"):
+        urls = list(endpoints) if endpoints else [base_url]
+        if not urls or not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls):
+            raise BackendError(f"server URLs must start with http:// or https://, got {urls!r}")
+        if concurrency < 1 or max_retries < 0 or timeout_s <= 0:
+            raise ValueError("concurrency >= 1, max_retries >= 0 and timeout_s > 0 are required")
+        if image_format not in ("png", "jpeg", "jpg"):
+            raise ValueError(f"image_format must be png or jpeg, not {image_format!r}")
+        self.endpoints = list(dict.fromkeys(self._v1(u) for u in urls))
         self.model = model
         self.api_key = api_key
+        self.concurrency = concurrency
         self.timeout_s = timeout_s
         self.max_retries = max_retries
         self.backoff_s = backoff_s
-        self._sem = asyncio.Semaphore(concurrency * len(self.endpoints))
-        self._inflight = {u: 0 for u in self.endpoints}
-        self._client: httpx.AsyncClient | None = None
+        self.logprobs = logprobs
+        self.image_format = image_format
+        self._models: dict[str, str] = {}  # endpoint -> served model id (when model is None)
+        self._rr = itertools.count()
+        self._state: _LoopState | None = None
+        self.image_cache = _UrlCache()
+        self.requests_sent: dict[str, int] = {u: 0 for u in self.endpoints}  # observable: load per endpoint
 
     @staticmethod
     def _v1(url: str) -> str:
         url = url.rstrip("/")
         return url if url.endswith("/v1") else url + "/v1"
 
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
+    def _loop_state(self) -> _LoopState:
+        loop = asyncio.get_running_loop()
+        if self._state is None or self._state.loop is not loop:
             headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-            self._client = httpx.AsyncClient(timeout=self.timeout_s, headers=headers)
-        return self._client
+            client = httpx.AsyncClient(timeout=self.timeout_s, headers=headers,
+                                       limits=httpx.Limits(max_connections=self.concurrency * len(self.endpoints)))
+            # A global bound of concurrency x endpoints plus least-busy picking keeps every
+            # endpoint at <= concurrency in flight without committing a waiting request to one.
+            self._state = _LoopState(loop, client, asyncio.Semaphore(self.concurrency * len(self.endpoints)),
+                                     asyncio.Lock(), {u: 0 for u in self.endpoints})
+        return self._state
 
-    async def _model_name(self, url: str) -> str:
-        if self.model is None:
-            data = await self._request("GET", url + "/models", None)
-            try:
-                self.model = data["data"][0]["id"]
-            except (KeyError, IndexError, TypeError):
-                raise BackendError(f"{url}/models lists no model; pass the model name") from None
-        return self.model
+    def _pick(self, st: _LoopState, avoid: str | None) -> str:
+        """Least busy endpoint, ties round-robin; `avoid` (the one that just failed) only if it is the only one."""
+        candidates = [u for u in self.endpoints if u != avoid] or self.endpoints
+        start = next(self._rr) % len(candidates)
+        rotated = candidates[start:] + candidates[:start]
+        return min(rotated, key=lambda u: st.inflight[u])
 
-    async def _request(self, method: str, url: str, body: dict | None) -> dict:
-        """One HTTP call with retries on connection errors, timeouts and 5xx."""
-        last = ""
-        for attempt in range(self.max_retries + 1):
-            try:
-                r = await self._http().request(method, url, json=body)
-            except (httpx.TransportError, httpx.TimeoutException) as e:
-                last = f"{type(e).__name__}: {e}"
-            else:
-                if r.status_code < 400:
-                    return r.json()
-                msg = _error_message(r)
-                if r.status_code < 500 and r.status_code != 429:
-                    raise BackendError(f"{url} refused the request ({r.status_code}): {msg}")
-                last = f"HTTP {r.status_code}: {msg}"
-            if attempt < self.max_retries:
-                await asyncio.sleep(self.backoff_s * (2**attempt) * (0.5 + random.random()))
-        raise BackendError(f"server at {url} unreachable after {self.max_retries + 1} tries ({last})")
+    async def _call(self, st: _LoopState, method: str, url: str, body: dict | None) -> dict:
+        """One HTTP call: the JSON body, `_Retryable`, or `BackendError` for a final refusal."""
+        try:
+            r = await st.client.request(method, url, json=body)
+        except httpx.TimeoutException as e:
+            raise _Retryable(f"no answer within {self.timeout_s:g} s ({type(e).__name__})") from None
+        except httpx.TransportError as e:
+            raise _Retryable(f"{type(e).__name__}: {e}") from None
+        if r.status_code >= 400:
+            msg = _error_message(r)
+            if r.status_code == 429 or r.status_code >= 500:
+                raise _Retryable(f"HTTP {r.status_code}: {msg}", _retry_after(r))
+            raise BackendError(f"{url} refused the request (HTTP {r.status_code}): {msg}")
+        try:
+            data = r.json()
+        except ValueError:
+            raise BackendError(f"{url} answered HTTP {r.status_code} with a body that is not JSON: "
+                               f"{r.text[:200]!r}") from None
+        if not isinstance(data, dict):
+            raise BackendError(f"{url} answered with JSON that is not an object: {str(data)[:200]}")
+        return data
 
-    def _pick(self) -> str:
-        return min(self.endpoints, key=lambda u: self._inflight[u])
+    async def _model_for(self, st: _LoopState, url: str) -> str:
+        if self.model is not None:
+            return self.model
+        if url not in self._models:
+            async with st.model_lock:
+                if url not in self._models:
+                    data = await self._call(st, "GET", url + "/models", None)
+                    try:
+                        self._models[url] = str(data["data"][0]["id"])
+                    except (KeyError, IndexError, TypeError):
+                        raise BackendError(f"{url}/models lists no model; pass the model name") from None
+        return self._models[url]
+
+    async def _body(self, req: GenerateRequest) -> dict:
+        # PNG-encoding 64 frames takes tens of ms: off the event loop, so other episodes go on.
+        messages = await asyncio.to_thread(to_openai_messages, req.messages, req.prefix, self.image_format,
+                                         self.image_cache)
+        body: dict = {"messages": messages, "max_tokens": req.max_new_tokens, "temperature": req.temperature,
+                      "top_p": req.top_p, "stream": False}
+        if req.seed is not None:
+            body["seed"] = req.seed
+        if req.stop:
+            body["stop"] = list(req.stop)
+        if req.prefix:
+            body["continue_final_message"] = True
+            body["add_generation_prompt"] = False
+        if self.logprobs:
+            body["logprobs"] = True
+        return body
 
     async def _one(self, req: GenerateRequest) -> Completion:
-        async with self._sem:
-            url = self._pick()
-            self._inflight[url] += 1
-            try:
-                body = {
-                    "model": await self._model_name(url),
-                    "messages": to_openai_messages(req.messages, req.prefix),
-                    "max_tokens": req.max_new_tokens,
-                    "temperature": req.temperature,
-                    "top_p": req.top_p,
-                }
-                if req.seed is not None:
-                    body["seed"] = req.seed
-                if req.stop:
-                    body["stop"] = req.stop
-                if req.prefix:
-                    body["continue_final_message"] = True
-                    body["add_generation_prompt"] = False
-                data = await self._request("POST", url + "/chat/completions", body)
-            finally:
-                self._inflight[url] -= 1
-        try:
-            choice = data["choices"][0]
-            text = choice["message"].get("content") or ""
-        except (KeyError, IndexError, TypeError):
-            raise BackendError(f"{url} returned an unexpected body: {str(data)[:200]}") from None
-        if req.prefix and text.startswith(req.prefix):
-            text = text[len(req.prefix):]  # some servers echo the continued message
-        usage = data.get("usage") or {}
-        return Completion(text=text, finish_reason=choice.get("finish_reason") or "stop",
-                          prompt_tokens=int(usage.get("prompt_tokens") or 0),
-                          completion_tokens=int(usage.get("completion_tokens") or 0),
-                          visual_tokens=int((usage.get("prompt_tokens_details") or {}).get("image_tokens") or 0))
+        st = self._loop_state()
+        body = await self._body(req)
+        tried: list[str] = []
+        last, failed = "", None
+        async with st.sem:
+            for attempt in range(self.max_retries + 1):
+                url = self._pick(st, failed)
+                tried.append(url)
+                st.inflight[url] += 1
+                self.requests_sent[url] += 1
+                try:
+                    body["model"] = await self._model_for(st, url)
+                    data = await self._call(st, "POST", url + "/chat/completions", body)
+                    return _completion(data, req.prefix, url)
+                except _Retryable as e:
+                    last, failed, wait = str(e), url, e.wait_s
+                finally:
+                    st.inflight[url] -= 1
+                if attempt < self.max_retries:
+                    await asyncio.sleep(max(wait, self.backoff_s * (2**attempt) * (0.5 + random.random())))
+        where = " and ".join(dict.fromkeys(u.removesuffix("/v1") for u in tried))
+        raise BackendError(f"server at {where} unreachable after {len(tried)} tries (last: {last})")
 
     async def generate(self, requests: list[GenerateRequest]) -> list[Completion]:
         return list(await asyncio.gather(*[self._one(r) for r in requests]))
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        st, self._state = self._state, None
+        if st is not None and not st.loop.is_closed():
+            try:
+                await st.client.aclose()
+            except RuntimeError:  # closed from another loop than the one that opened it
+                pass
+
+
+def _completion(data: dict, prefix: str, url: str) -> Completion:
+    try:
+        choice = data["choices"][0]
+        text = choice["message"].get("content") or ""
+    except (KeyError, IndexError, TypeError, AttributeError):
+        raise BackendError(f"{url} returned an unexpected body: {str(data)[:200]}") from None
+    if prefix and text.startswith(prefix):
+        text = text[len(prefix):]  # some servers echo the continued message
+    usage = data.get("usage") or {}
+    details = usage.get("prompt_tokens_details") or {}
+    logprobs, token_ids = None, None
+    content = (choice.get("logprobs") or {}).get("content") if isinstance(choice.get("logprobs"), dict) else None
+    if isinstance(content, list) and content:
+        logprobs = [float(t.get("logprob", 0.0)) for t in content]
+        toks = [str(t.get("token", "")) for t in content]
+        if all(t.startswith("token_id:") and t[9:].isdigit() for t in toks):
+            token_ids = [int(t[9:]) for t in toks]
+    return Completion(
+        text=text,
+        finish_reason=choice.get("finish_reason") or "stop",
+        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        completion_tokens=int(usage.get("completion_tokens") or 0),
+        visual_tokens=int(details.get("image_tokens") or 0),  # paravt serve reports it; vLLM does not
+        logprobs=logprobs,
+        token_ids=token_ids,
+    )
+
+
+def _retry_after(r: httpx.Response) -> float:
+    try:
+        return min(float(r.headers.get("retry-after", 0)), 30.0)
+    except ValueError:
+        return 0.0
 
 
 def _error_message(r: httpx.Response) -> str:
+    """The server's own words: OpenAI-style `error.message`, FastAPI `detail`, or the raw text."""
     try:
         data = r.json()
-        if isinstance(data, dict):
-            err = data.get("error", data.get("detail", data))
-            if isinstance(err, dict):
-                return str(err.get("message", err))
-            return str(err)
     except ValueError:
-        pass
-    return r.text[:300]
+        return r.text[:300] or r.reason_phrase
+    if isinstance(data, dict):
+        err = data.get("error", data.get("detail", data.get("message", data)))
+        if isinstance(err, dict):
+            return str(err.get("message", err))[:500]
+        return str(err)[:500]
+    return str(data)[:300]

@@ -1,231 +1,488 @@
-"""Benchmark loaders: each reads the benchmark's own published annotation files from a local
-directory (as distributed on the Hugging Face Hub / the authors' repositories) and yields
-`Sample`s. Field names follow those files; the notes above each loader say which file.
-A sample whose video is missing is counted and skipped, never fatal."""
+"""Benchmark loaders (SPEC §5): each reads a benchmark's own published annotation files from a
+local directory, exactly as distributed (Hugging Face Hub or the authors' repositories), and
+yields `Sample`s. The comment above each loader names the file and its fields and where that
+schema comes from. Nothing is downloaded here.
+
+A sample whose video file is absent is reported (id and where it was looked for) and skipped;
+a malformed annotation row is a `BenchmarkError` that names the file and the row.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 LETTERS = "ABCDEFGHIJ"
+VIDEO_EXTS = (".mp4", ".mkv", ".webm", ".avi", ".mov", ".m4v")
+
+
+class BenchmarkError(ValueError):
+    """Annotation files missing or not in the benchmark's published format."""
 
 
 @dataclass
 class Sample:
     id: str
     bench: str
-    video: str
-    question: str  # options included as "A. ..." lines for mcq
-    answer: str  # a letter for mcq, "[s, e]" for tvg, text for oe
+    video_path: str
+    question: str  # for mcq the options follow as "A. ..." lines
+    answer: str  # mcq: a letter; tvg: "[s, e]" seconds; oe: the reference text
     question_type: str  # mcq | tvg | oe
-    options: list[str] = field(default_factory=list)
-    subtitles: str | None = None
-    extras: dict = field(default_factory=dict)
+    options: list[str] = field(default_factory=list)  # "A. ..." strings (mcq)
+    subtitles: str | None = None  # given to the model as text before the question
+    extras: dict = field(default_factory=dict)  # duration class, task, subject, ... (for breakdowns)
+
+    @property
+    def video(self) -> str:  # older name of video_path
+        return self.video_path
+
+    @video.setter
+    def video(self, value: str) -> None:
+        self.video_path = value
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 @dataclass
+class MissingVideo:
+    id: str
+    looked_for: str  # the file (or name) that was not found
+
+
+@dataclass
 class Loaded:
+    bench: str
     samples: list[Sample]
-    missing_videos: list[str]  # sample ids whose video file is absent
+    missing: list[MissingVideo] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)  # reason -> count (rows outside the split's protocol)
+
+    @property
+    def missing_videos(self) -> list[str]:
+        return [m.id for m in self.missing]
 
 
-class BenchmarkError(ValueError):
-    pass
+# ----------------------------------------------------------------------------------------------
+# shared helpers
 
 
-def _options_text(question: str, options: list[str]) -> tuple[str, list[str]]:
+def mcq_text(question: str, options: list[str]) -> tuple[str, list[str]]:
+    """The question followed by one "A. option" line per option (letters added where absent)."""
     opts = []
     for i, o in enumerate(options):
         o = str(o).strip()
-        opts.append(o if re.match(r"^[A-J][.)]\s", o) else f"{LETTERS[i]}. {o}")
+        m = re.match(r"^\(?([A-J])[.):]\s*(.*)$", o, flags=re.S)
+        opts.append(f"{m.group(1)}. {m.group(2).strip()}" if m else f"{LETTERS[i]}. {o}")
     return question.strip() + "\n" + "\n".join(opts), opts
 
 
-def _find_video(videos: Path, *names: str) -> Path | None:
-    for n in names:
-        if not n:
-            continue
-        p = videos / n
-        if p.exists():
-            return p
-        for ext in (".mp4", ".mkv", ".webm", ".avi", ".mov"):
-            q = videos / (n + ext)
-            if q.exists():
-                return q
-    return None
+def _check_letter(answer: str, options: list[str], where: str) -> str:
+    a = str(answer).strip().strip("()").strip().upper()
+    if len(a) != 1 or a not in LETTERS[: len(options)]:
+        raise BenchmarkError(f"{where}: answer {answer!r} is not one of the {len(options)} option letters")
+    return a
+
+
+class VideoFinder:
+    """Finds a sample's video under the user's video directories.
+
+    Benchmarks name videos by id, by relative path, or by URL, and people unpack them into
+    flat or nested folders; this tries the relative names (with the usual extensions), then
+    a file-name index of the roots that is used only when the name is unambiguous."""
+
+    def __init__(self, roots: Iterable[Path], max_depth: int = 3):
+        self.roots = [Path(r) for r in roots]
+        self.max_depth = max_depth
+        self._index: dict[str, list[Path]] | None = None
+
+    def find(self, *names: str) -> Path | None:
+        names = tuple(n for n in names if n)
+        for root in self.roots:
+            for n in names:
+                p = root / n
+                if p.is_file():
+                    return p
+                if p.suffix.lower() not in VIDEO_EXTS:
+                    for ext in VIDEO_EXTS:
+                        q = root / (n + ext)
+                        if q.is_file():
+                            return q
+        index = self._stems()
+        for n in names:
+            name = Path(n).name
+            key = Path(name).stem if Path(name).suffix.lower() in VIDEO_EXTS else name
+            hits = index.get(key, [])
+            if len(hits) == 1:
+                return hits[0]
+        return None
+
+    def _stems(self) -> dict[str, list[Path]]:
+        if self._index is None:
+            self._index = {}
+            seen: set[Path] = set()
+            for root in self.roots:
+                if not root.is_dir():
+                    continue
+                base = len(root.parts)
+                for dirpath, dirnames, filenames in os.walk(root):
+                    if len(Path(dirpath).parts) - base >= self.max_depth:
+                        dirnames[:] = []
+                    for f in filenames:
+                        p = Path(dirpath) / f
+                        if p.suffix.lower() in VIDEO_EXTS and p not in seen:
+                            seen.add(p)
+                            self._index.setdefault(p.stem, []).append(p)
+        return self._index
+
+    def expected(self, name: str) -> str:
+        return str((self.roots[0] if self.roots else Path(".")) / name)
 
 
 def _read_json(path: Path):
-    if not path.exists():
-        raise BenchmarkError(f"annotation file {path} not found")
-    return json.loads(path.read_text())
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BenchmarkError(f"annotation file {path} not found") from None
+    except json.JSONDecodeError as e:
+        raise BenchmarkError(f"{path} is not valid JSON: {e}") from None
 
 
-def _srt_text(path: Path) -> str | None:
-    """Plain subtitle text from an .srt file (indices and time codes dropped)."""
-    if not path.exists():
+def _find_file(data: Path, *patterns: str) -> Path:
+    """The first file matching a pattern, at the top of `data` or below it (or `data` itself)."""
+    if data.is_file():
+        return data
+    for pat in patterns:
+        hits = sorted(data.glob(pat)) or sorted(data.glob("**/" + pat))
+        if hits:
+            return hits[0]
+    raise BenchmarkError(f"none of {', '.join(patterns)} found under {data}")
+
+
+def srt_text(path: Path) -> str | None:
+    """The text of an .srt subtitle file, one line per caption, in order.
+
+    Hand-written because SubRip is a trivial format and no SRT library is among our
+    dependencies: drop cue numbers and time codes, markup (<i>, {\\an8}), and the consecutive
+    repeats that auto-generated YouTube captions are full of."""
+    if not path.is_file():
         return None
-    lines = []
-    for line in path.read_text(errors="replace").splitlines():
-        s = line.strip()
+    lines: list[str] = []
+    for raw in path.read_text(encoding="utf-8-sig", errors="replace").splitlines():
+        s = raw.strip()
         if not s or s.isdigit() or "-->" in s:
             continue
-        lines.append(re.sub(r"<[^>]+>", "", s))
-    return " ".join(lines) or None
+        s = re.sub(r"<[^>]+>|\{[^}]*\}", "", s).strip()
+        if s and (not lines or lines[-1] != s):
+            lines.append(s)
+    return "\n".join(lines) or None
 
 
-# ---- Video-MME: lmms-lab/Video-MME, videomme/test-*.parquet -----------------------------------
-# columns: video_id, duration (short|medium|long), domain, sub_category, url, videoID, question_id,
-# task_type, question, options (["A. ...", ...]), answer ("A"); subtitles in subtitle/{videoID}.srt
-def load_videomme(data: Path, videos: Path, subtitles: bool = False) -> Iterator[tuple[Sample, bool]]:
+# ----------------------------------------------------------------------------------------------
+# loaders. Each is `loader(data_dir, finder, skipped) -> Iterator[Sample]`.
+
+Loader = Callable[[Path, VideoFinder, dict], Iterator[Sample]]
+
+
+# Video-MME (lmms-lab/Video-MME on the HF Hub): videomme/test-00000-of-00001.parquet with string
+# columns video_id, duration ("short" | "medium" | "long"), domain, sub_category, url, videoID,
+# question_id, task_type, question, answer ("A".."D") and options (list of "A. ..." strings), per the
+# dataset card's `dataset_info.features`; subtitles are subtitle/{videoID}.srt (subtitle.zip) and
+# videos data/{videoID}.mp4 (videos_chunked_*.zip). Not every video has subtitles.
+def _videomme(data: Path, finder: VideoFinder, skipped: dict, subtitles: bool) -> Iterator[Sample]:
     import pyarrow.parquet as pq
 
-    files = sorted(data.glob("**/test*.parquet")) or sorted(data.glob("**/*.parquet"))
-    if not files:
-        raise BenchmarkError(f"no Video-MME parquet under {data}")
-    for f in files:
-        for r in pq.read_table(f).to_pylist():
-            q, opts = _options_text(r["question"], list(r["options"]))
-            vid = _find_video(videos, r["videoID"], r.get("video_id", ""))
-            sub = _srt_text(data / "subtitle" / f"{r['videoID']}.srt") if subtitles else None
-            yield Sample(id=str(r["question_id"]), bench="videomme_sub" if subtitles else "videomme",
-                         video=str(vid or videos / r["videoID"]), question=q, answer=str(r["answer"]).strip(),
-                         question_type="mcq", options=opts, subtitles=sub,
-                         extras={"duration": r.get("duration"), "domain": r.get("domain"),
-                                 "task": r.get("task_type"), "sub_category": r.get("sub_category")}), vid is not None
+    path = _find_file(data, "videomme/test-*.parquet", "test-*.parquet", "*.parquet")
+    sub_dirs = [d for d in (data / "subtitle", data / "subtitles", data) if d.is_dir()]
+    for i, r in enumerate(pq.read_table(path).to_pylist()):
+        where = f"{path} row {i}"
+        try:
+            q, opts = mcq_text(r["question"], list(r["options"]))
+            vid = r["videoID"]
+            answer = _check_letter(r["answer"], opts, where)
+        except (KeyError, TypeError) as e:
+            raise BenchmarkError(f"{where}: not a Video-MME row ({type(e).__name__}: {e})") from None
+        sub = None
+        if subtitles:
+            sub = next((t for d in sub_dirs if (t := srt_text(d / f"{vid}.srt"))), None)
+        video = finder.find(vid, f"data/{vid}")
+        yield Sample(id=str(r["question_id"]), bench="videomme_sub" if subtitles else "videomme",
+                     video_path=str(video or finder.expected(vid + ".mp4")), question=q, answer=answer,
+                     question_type="mcq", options=opts, subtitles=sub,
+                     extras={"duration": r.get("duration"), "task": r.get("task_type"), "domain": r.get("domain"),
+                             "sub_category": r.get("sub_category"), "video_id": r.get("video_id"),
+                             **({"has_subtitles": sub is not None} if subtitles else {})})
 
 
-# ---- LongVideoBench: longvideobench/LongVideoBench, lvb_val.json --------------------------------
-# keys: id, video_id, video_path, question, candidates [..], correct_choice (int), duration_group,
-# question_category, topic_category, subtitle_path, starting_timestamp_for_subtitles, duration
-def load_longvideobench(data: Path, videos: Path) -> Iterator[tuple[Sample, bool]]:
-    for r in _read_json(data / "lvb_val.json"):
-        q, opts = _options_text(r["question"], r["candidates"])
-        vid = _find_video(videos, r.get("video_path", ""), r.get("video_id", ""))
-        yield Sample(id=str(r["id"]), bench="longvideobench", video=str(vid or videos / r.get("video_path", "")),
-                     question=q, answer=LETTERS[int(r["correct_choice"])], question_type="mcq", options=opts,
-                     extras={"duration_group": r.get("duration_group"), "task": r.get("question_category"),
-                             "topic": r.get("topic_category")}), vid is not None
+# LongVideoBench (longvideobench/LongVideoBench): lvb_val.json, a list of objects with keys video_id,
+# question, question_wo_referring_query, candidates (list of str), correct_choice (int index),
+# position, topic_category, question_category, level, id, video_path ("{video_id}.mp4" under
+# videos/), subtitle_path, duration_group (15 | 60 | 600 | 3600), starting_timestamp_for_subtitles,
+# duration, view_count -- as read by the authors' longvideobench_dataset.py (the official prompt
+# asks `question` with options "A. ..."). The Hub's validation-*.parquet carries the same fields.
+def _longvideobench(data: Path, finder: VideoFinder, skipped: dict) -> Iterator[Sample]:
+    path = _find_file(data, "lvb_val.json", "validation-*.parquet")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(path).to_pylist()
+    else:
+        rows = _read_json(path)
+    for i, r in enumerate(rows):
+        where = f"{path} row {i}"
+        try:
+            q, opts = mcq_text(r["question"], list(r["candidates"]))
+            choice = int(r["correct_choice"])
+            rel = r.get("video_path") or f"{r['video_id']}.mp4"
+            sid = str(r["id"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise BenchmarkError(f"{where}: not a LongVideoBench row ({type(e).__name__}: {e})") from None
+        if not 0 <= choice < len(opts):
+            raise BenchmarkError(f"{where}: correct_choice {choice} outside the {len(opts)} candidates")
+        video = finder.find(rel, f"videos/{rel}", r.get("video_id", ""))
+        yield Sample(id=sid, bench="longvideobench", video_path=str(video or finder.expected(rel)), question=q,
+                     answer=LETTERS[choice], question_type="mcq", options=opts,
+                     extras={"duration": None if r.get("duration_group") is None else str(r["duration_group"]),
+                             "task": r.get("question_category"),
+                             "topic": r.get("topic_category"), "level": r.get("level"),
+                             "duration_s": r.get("duration")})
 
 
-# ---- LVBench: THUDM/LVBench, video_info.meta.jsonl ------------------------------------------------
-# one line per video: {key, type, qa: [{uid, question ("...\n(A) ...\n(B) ..."), answer, question_type,
-# time_reference}], video_info}
-def load_lvbench(data: Path, videos: Path) -> Iterator[tuple[Sample, bool]]:
-    path = data / "video_info.meta.jsonl"
-    if not path.exists():
-        raise BenchmarkError(f"annotation file {path} not found")
-    for line in path.read_text().splitlines():
+def _video2dataset_map(roots: list[Path]) -> dict[str, Path]:
+    """YouTube key -> file for videos fetched with video2dataset, the route THUDM/LVBench's
+    scripts/download.sh takes: shards NNNNN/ named by its own keys, with NNNNN.parquet holding
+    each file's `url` and `key`."""
+    out: dict[str, Path] = {}
+    for root in roots:
+        for shard in sorted(root.glob("*.parquet")) if root.is_dir() else []:
+            try:
+                import pyarrow.parquet as pq
+
+                t = pq.read_table(shard, columns=["url", "key"]).to_pylist()
+            except Exception:  # noqa: BLE001 - not a video2dataset shard table: ignore it
+                continue
+            for r in t:
+                if r.get("url") and r.get("key"):
+                    out[str(r["url"]).split("v=")[-1].split("&")[0]] = root / shard.stem / f"{r['key']}.mp4"
+    return out
+
+
+# LVBench (THUDM/LVBench): video_info.meta.jsonl, one JSON object per video with key (YouTube id),
+# type (video category), video_info, and qa: a list of {uid, question (the stem, then one
+# "(A) ..." line per option), answer ("A".."D"), question_type (list of categories such as
+# "key information retrieval", "temporal grounding"), time_reference} -- as read by the authors'
+# lvbench/metrics/compute_accuracy.py and scripts/save_video_txt.py. Accuracy per category counts a
+# question in each of its categories, as the official script does.
+def _lvbench(data: Path, finder: VideoFinder, skipped: dict) -> Iterator[Sample]:
+    path = _find_file(data, "video_info.meta.jsonl", "*.jsonl")
+    v2d = _video2dataset_map(finder.roots)
+    for ln, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
-        v = json.loads(line)
-        vid = _find_video(videos, v["key"])
-        for qa in v["qa"]:
-            text = qa["question"]
-            opts = re.findall(r"^\(([A-D])\)\s*(.*)$", text, flags=re.M)
-            stem = re.split(r"\n\([A-D]\)", text)[0]
-            q, options = _options_text(stem, [f"{a}. {b}" for a, b in opts]) if opts else (text, [])
-            yield Sample(id=str(qa["uid"]), bench="lvbench", video=str(vid or videos / v["key"]), question=q,
-                         answer=str(qa["answer"]).strip("() "), question_type="mcq", options=options,
-                         extras={"task": ",".join(qa.get("question_type") or []), "video_type": v.get("type")}), \
-                vid is not None
+        where = f"{path} line {ln}"
+        try:
+            v = json.loads(line)
+            key, qas = v["key"], v["qa"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise BenchmarkError(f"{where}: not an LVBench video line ({type(e).__name__}: {e})") from None
+        video = finder.find(key, f"videos/{key}", f"all_videos/{key}")
+        if video is None and key in v2d and v2d[key].is_file():
+            video = v2d[key]
+        for j, qa in enumerate(qas):
+            try:
+                text = qa["question"]
+                opts = re.findall(r"^\s*\(([A-J])\)\s*(.*?)\s*$", text, flags=re.M)
+                stem = re.split(r"\n\s*\([A-J]\)", text, maxsplit=1)[0]
+                q, options = mcq_text(stem, [f"{a}. {b}" for a, b in opts])
+                uid = str(qa["uid"])
+                answer = _check_letter(qa["answer"], options, f"{where} qa {j}")
+            except (KeyError, TypeError) as e:
+                raise BenchmarkError(f"{where} qa {j}: not an LVBench question ({type(e).__name__}: {e})") from None
+            if not opts:
+                raise BenchmarkError(f"{where} qa {j}: no '(A) ...' option lines in the question")
+            cats = qa.get("question_type") or []
+            yield Sample(id=uid, bench="lvbench", video_path=str(video or finder.expected(key + ".mp4")), question=q,
+                         answer=answer, question_type="mcq", options=options,
+                         extras={"task": list(cats) if isinstance(cats, list) else [str(cats)],
+                                 "video_type": v.get("type"), "time_reference": qa.get("time_reference")})
 
 
-# ---- MLVU dev: MLVU/MVLU, json/{1_plotQA,...}.json --------------------------------------------------
-# each file a list of {video, duration, question, candidates, answer (text of the right candidate),
-# question_type}; videos under video/{task folder}/
-def load_mlvu(data: Path, videos: Path) -> Iterator[tuple[Sample, bool]]:
-    files = sorted((data / "json").glob("*.json")) or sorted(data.glob("*.json"))
+# MLVU dev (MLVU/MVLU on the HF Hub): MLVU/json/{1_plotQA, 2_needle, 3_ego, 4_count, 5_order,
+# 6_anomaly_reco, 7_topic_reasoning, 8_sub_scene, 9_summary}.json, each a list of {video, duration,
+# question, candidates (list of str), answer (the text of the right candidate), question_type};
+# videos in MLVU/video/{same stem}/{video} -- as read by the authors' evaluation script (qa_template
+# builds "(A) candidate" options and maps the answer text to its letter). 8 and 9 are generation
+# tasks without candidates, outside the multiple-choice dev score: skipped and counted. The
+# official dev figure (M-Avg) is the mean of the per-task accuracies: metrics reports it.
+def _mlvu(data: Path, finder: VideoFinder, skipped: dict) -> Iterator[Sample]:
+    root = data / "MLVU" if (data / "MLVU" / "json").is_dir() else data
+    files = sorted((root / "json").glob("*.json")) or sorted(root.glob("*.json"))
     if not files:
-        raise BenchmarkError(f"no MLVU json files under {data}/json")
+        raise BenchmarkError(f"no MLVU json files under {root}/json")
     for f in files:
-        task_dir = f.stem
-        for i, r in enumerate(_read_json(f)):
-            if "candidates" not in r:
-                continue  # generation tasks are not part of the multiple-choice dev split
-            q, opts = _options_text(r["question"], r["candidates"])
-            answer = LETTERS[list(r["candidates"]).index(r["answer"])]
-            vid = _find_video(videos / task_dir, r["video"]) or _find_video(videos, r["video"])
-            yield Sample(id=f"{task_dir}-{i}", bench="mlvu", video=str(vid or videos / task_dir / r["video"]),
+        rows = _read_json(f)
+        if not isinstance(rows, list):
+            raise BenchmarkError(f"{f}: expected a list of questions")
+        for i, r in enumerate(rows):
+            where = f"{f} row {i}"
+            if not r.get("candidates"):
+                skipped["generation task (no candidates)"] = skipped.get("generation task (no candidates)", 0) + 1
+                continue
+            try:
+                cands = [str(c) for c in r["candidates"]]
+                q, opts = mcq_text(r["question"], cands)
+                answer = LETTERS[cands.index(str(r["answer"]))]
+                name = r["video"]
+            except (KeyError, TypeError) as e:
+                raise BenchmarkError(f"{where}: not an MLVU row ({type(e).__name__}: {e})") from None
+            except ValueError:
+                raise BenchmarkError(f"{where}: answer {r.get('answer')!r} is not one of the candidates") from None
+            video = finder.find(f"{f.stem}/{name}", f"video/{f.stem}/{name}", f"MLVU/video/{f.stem}/{name}", name)
+            yield Sample(id=f"{f.stem}-{i}", bench="mlvu", video_path=str(video or finder.expected(f"{f.stem}/{name}")),
                          question=q, answer=answer, question_type="mcq", options=opts,
-                         extras={"task": r.get("question_type", task_dir), "duration_s": r.get("duration")}), \
-                vid is not None
+                         extras={"task": r.get("question_type") or f.stem, "duration_s": r.get("duration")})
 
 
-# ---- MMVU validation: yale-nlp/MMVU, validation.json -------------------------------------------------
-# list of {id, question, choices ({"A": ..} or {}), answer, question_type (multiple-choice|open-ended),
-# video (URL ending in videos/{subject}/{n}.mp4), metadata {subject, ...}}
-def load_mmvu(data: Path, videos: Path) -> Iterator[tuple[Sample, bool]]:
-    for r in _read_json(data / "validation.json"):
-        rel = r["video"].split("/videos/")[-1] if "/videos/" in r["video"] else Path(r["video"]).name
-        vid = _find_video(videos, rel, Path(rel).name)
-        meta = r.get("metadata") or {}
-        if r.get("question_type") == "multiple-choice" and r.get("choices"):
-            keys = sorted(r["choices"])
-            q, opts = _options_text(r["question"], [f"{k}. {r['choices'][k]}" for k in keys])
-            yield Sample(id=str(r["id"]), bench="mmvu", video=str(vid or videos / rel), question=q,
-                         answer=str(r["answer"]).strip(), question_type="mcq", options=opts,
-                         extras={"subject": meta.get("subject")}), vid is not None
+# MMVU validation (yale-nlp/MMVU, data/validation.json): a list of {id, video (URL ending in
+# videos/{Subject}/{n}.mp4), youtube_url, question_type ("multiple-choice" | "open-ended"), metadata
+# {subject, textbook, knowledge, rationale}, question, choices ({"A": ..., "E": ...}, all values ""
+# for open-ended), answer (a letter, or the reference text for open-ended)}. `mmvu` is the
+# multiple-choice part (SPEC §5: MCQ accuracy); `mmvu_all` adds the open-ended questions, scored
+# by the open-ended metric of RewardConfig (token F1 by default, not the authors' GPT judge).
+def _mmvu(data: Path, finder: VideoFinder, skipped: dict, include_oe: bool) -> Iterator[Sample]:
+    path = _find_file(data, "validation.json")
+    rows = _read_json(path)
+    if not isinstance(rows, list):
+        raise BenchmarkError(f"{path}: expected a list of questions")
+    bench = "mmvu_all" if include_oe else "mmvu"
+    for i, r in enumerate(rows):
+        where = f"{path} row {i}"
+        try:
+            url, qtype, sid = str(r["video"]), r["question_type"], str(r["id"])
+            choices = {k: str(v) for k, v in (r.get("choices") or {}).items() if str(v).strip()}
+            question, answer = r["question"], str(r["answer"])
+        except (KeyError, TypeError, AttributeError) as e:
+            raise BenchmarkError(f"{where}: not an MMVU row ({type(e).__name__}: {e})") from None
+        rel = url.split("/videos/", 1)[1] if "/videos/" in url else Path(url).name
+        video = finder.find(rel, f"videos/{rel}")
+        subject = (r.get("metadata") or {}).get("subject")
+        vp = str(video or finder.expected(rel))
+        if qtype == "multiple-choice":
+            if not choices:
+                raise BenchmarkError(f"{where}: multiple-choice question without choices")
+            q, opts = mcq_text(question, [f"{k}. {choices[k]}" for k in sorted(choices)])
+            yield Sample(id=sid, bench=bench, video_path=vp, question=q, answer=_check_letter(answer, opts, where),
+                         question_type="mcq", options=opts, extras={"subject": subject})
+        elif qtype == "open-ended":
+            if not include_oe:
+                skipped["open-ended (use mmvu_all)"] = skipped.get("open-ended (use mmvu_all)", 0) + 1
+                continue
+            yield Sample(id=sid, bench=bench, video_path=vp, question=question, answer=answer, question_type="oe",
+                         extras={"subject": subject})
         else:
-            yield Sample(id=str(r["id"]), bench="mmvu", video=str(vid or videos / rel), question=r["question"],
-                         answer=str(r["answer"]), question_type="oe", extras={"subject": meta.get("subject")}), \
-                vid is not None
+            raise BenchmarkError(f"{where}: unknown question_type {qtype!r}")
 
 
-# ---- Charades-STA test: charades_sta_test.txt, lines "VID START END##sentence" -----------------------
-def load_charades(data: Path, videos: Path) -> Iterator[tuple[Sample, bool]]:
-    path = data / "charades_sta_test.txt"
-    if not path.exists():
-        raise BenchmarkError(f"annotation file {path} not found")
-    for i, line in enumerate(path.read_text().splitlines()):
-        if "##" not in line:
+# Charades-STA test (Gao et al. 2017; charades_sta_test.txt as distributed with the TALL code and
+# mirrored by many grounding repos): one query per line, "VIDEO_ID START END##sentence", times in
+# seconds; videos are Charades_v1_480/{VIDEO_ID}.mp4.
+def _charades(data: Path, finder: VideoFinder, skipped: dict) -> Iterator[Sample]:
+    path = _find_file(data, "charades_sta_test.txt")
+    for ln, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
             continue
-        head, sentence = line.split("##", 1)
-        vid_id, s, e = head.split()
-        vid = _find_video(videos, vid_id)
-        q = f'When does this happen in the video: "{sentence.strip().rstrip(".")}"?'
-        yield Sample(id=f"{vid_id}-{i}", bench="charades", video=str(vid or videos / vid_id), question=q,
-                     answer=f"[{float(s):g}, {float(e):g}]", question_type="tvg",
-                     extras={"query": sentence.strip()}), vid is not None
+        head, sep, sentence = line.partition("##")
+        parts = head.split()
+        try:
+            if not sep or len(parts) != 3:
+                raise ValueError("expected 'VIDEO_ID START END##sentence'")
+            vid, s, e = parts[0], float(parts[1]), float(parts[2])
+        except ValueError as err:
+            raise BenchmarkError(f"{path} line {ln}: {err}: {line!r}") from None
+        query = sentence.strip().rstrip(".")
+        video = finder.find(vid, f"Charades_v1_480/{vid}")
+        yield Sample(id=f"{vid}#{ln}", bench="charades", video_path=str(video or finder.expected(vid + ".mp4")),
+                     question=f'When does this happen in the video: "{query}"?', answer=f"[{s:g}, {e:g}]",
+                     question_type="tvg", extras={"query": query, "span": [s, e]})
 
 
-# ---- SynthVT: ParaVT-Parquet RL rows (paravt synth) --------------------------------------------------
-def load_synth(data: Path, videos: Path | None) -> Iterator[tuple[Sample, bool]]:
-    from paravt.data import load_rl_rows
+# SynthVT (paravt synth): ParaVT-Parquet RL rows (SPEC §4), read by the shared paravt.data.load_rl_rows;
+# video paths in the rows are relative to the split directory (or to --videos when given).
+def _synthvt(data: Path, finder: VideoFinder, skipped: dict) -> Iterator[Sample]:
+    from paravt.data import DataError, load_rl_rows
 
-    path = data / "rl.parquet" if data.is_dir() else data
-    for s in load_rl_rows(path, videos or path.parent):
-        yield Sample(id=s.id, bench="synthvt", video=s.video, question=s.question, answer=s.answer,
-                     question_type=s.question_type, options=list(s.extra.get("options") or []),
-                     extras={"task": s.extra.get("kind"), "needs_event": s.extra.get("needs_event")}), \
-            Path(s.video).exists()
+    path = data if data.is_file() else data / "rl.parquet"
+    if not path.is_file():
+        raise BenchmarkError(f"no SynthVT rl.parquet at {path} (write a split with `paravt synth`)")
+    video_root = finder.roots[0] if finder.roots and finder.roots[0] != data else path.parent
+    try:
+        rows = load_rl_rows(path, video_root)
+    except DataError as e:
+        raise BenchmarkError(str(e)) from None
+    for s in rows:
+        opts = [str(o) for o in s.extra.get("options") or []]
+        yield Sample(id=s.id, bench="synthvt", video_path=s.video, question=s.question, answer=s.answer,
+                     question_type=s.question_type, options=opts,
+                     extras={"task": s.extra.get("kind"), "needs_event": s.extra.get("needs_event"),
+                             "duration_s": s.extra.get("duration")})
 
 
-LOADERS: dict[str, Callable] = {
-    "videomme": lambda d, v: load_videomme(d, v, subtitles=False),
-    "videomme_sub": lambda d, v: load_videomme(d, v, subtitles=True),
-    "longvideobench": load_longvideobench,
-    "lvbench": load_lvbench,
-    "mlvu": load_mlvu,
-    "mmvu": load_mmvu,
-    "charades": load_charades,
-    "synthvt": load_synth,
-}
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    loader: Loader
+    description: str
+    breakdowns: tuple[str, ...]  # extras keys the summary breaks the score down by
+    headline: str  # the summary metric the paper reports for it
+
+
+BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
+    Benchmark("videomme", lambda d, f, s: _videomme(d, f, s, subtitles=False), "Video-MME test, without subtitles",
+              ("duration", "task", "domain"), "accuracy"),
+    Benchmark("videomme_sub", lambda d, f, s: _videomme(d, f, s, subtitles=True), "Video-MME test, with subtitles",
+              ("duration", "task", "domain"), "accuracy"),
+    Benchmark("longvideobench", _longvideobench, "LongVideoBench validation", ("duration", "task"), "accuracy"),
+    Benchmark("lvbench", _lvbench, "LVBench", ("task",), "accuracy"),
+    Benchmark("mlvu", _mlvu, "MLVU dev, multiple choice (M-Avg)", ("task",), "task_mean_accuracy"),
+    Benchmark("mmvu", lambda d, f, s: _mmvu(d, f, s, include_oe=False), "MMVU validation, multiple choice",
+              ("subject",), "accuracy"),
+    Benchmark("mmvu_all", lambda d, f, s: _mmvu(d, f, s, include_oe=True), "MMVU validation, MC + open-ended",
+              ("subject", "question_type"), "accuracy"),
+    Benchmark("charades", _charades, "Charades-STA test (temporal grounding)", (), "miou"),
+    Benchmark("synthvt", _synthvt, "SynthVT split (paravt synth)", ("task", "question_type"), "score"),
+]}
+
+
+def default_video_roots(data: Path) -> list[Path]:
+    """Where videos usually sit relative to an annotation directory (as the archives unpack)."""
+    cands = [data, data / "data", data / "videos", data / "video", data / "all_videos", data / "MLVU" / "video",
+             data / "Charades_v1_480"]
+    return [c for c in cands if c.is_dir()] or [data]
 
 
 def load_benchmark(name: str, data: str | Path, videos: str | Path | None = None) -> Loaded:
-    if name not in LOADERS:
-        raise BenchmarkError(f"unknown benchmark {name!r}; choose from {', '.join(LOADERS)}")
-    data = Path(data)
-    videos = Path(videos) if videos else data
-    samples, missing = [], []
-    for sample, present in LOADERS[name](data, videos):
-        (samples if present else missing).append(sample if present else sample.id)
-    return Loaded(samples=samples, missing_videos=missing)
+    """All samples of a benchmark whose video is present, plus the ones whose video is not."""
+    if name not in BENCHMARKS:
+        raise BenchmarkError(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}")
+    data = Path(data).expanduser()
+    if not data.exists():
+        raise BenchmarkError(f"data path {data} does not exist")
+    if videos is not None and not Path(videos).expanduser().is_dir():
+        raise BenchmarkError(f"video directory {videos} does not exist")
+    base = data if data.is_dir() else data.parent
+    roots = [Path(videos).expanduser()] if videos is not None else default_video_roots(base)
+    finder = VideoFinder(roots)
+    out = Loaded(bench=name, samples=[])
+    seen: set[str] = set()
+    for s in BENCHMARKS[name].loader(data, finder, out.skipped):
+        if s.id in seen:
+            raise BenchmarkError(f"{name}: duplicate sample id {s.id!r}")
+        seen.add(s.id)
+        if Path(s.video_path).is_file():
+            out.samples.append(s)
+        else:
+            out.missing.append(MissingVideo(s.id, s.video_path))
+    return out

@@ -1,62 +1,175 @@
-"""The body of `paravt eval`."""
+"""`paravt eval`: the typer sub-app and the bodies of its commands.
+
+    paravt eval --bench NAME --data DIR --out DIR [--model PATH_OR_URL] [--endpoints URL,URL] ...
+    paravt eval run --bench NAME ...          (the same, spelled as a subcommand)
+    paravt eval report RUN_DIR RUN_DIR ...    (runs side by side: table, Markdown, bar plot)
+    paravt eval list                          (the benchmarks and what each reads)
+
+Only typer is imported at module level so `paravt --help` stays fast.
+"""
 
 from __future__ import annotations
 
-import asyncio
-
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from rich.table import Table
+
+eval_app = typer.Typer(
+    help="Evaluate on a benchmark (paravt eval --bench ... or paravt eval run --bench ...), compare runs "
+         "(paravt eval report DIR...), list benchmarks (paravt eval list).",
+    invoke_without_command=True, no_args_is_help=True)
 
 
-def eval_command(*, bench, data, videos, model, endpoints, mode, out, limit, concurrency, frames, max_turns,
-                 max_parallel, max_new_tokens, api_key, force) -> dict:
+def _fail(msg: str, code: int = 2) -> None:
+    typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code)
+
+
+def make_backends(model: str | None, endpoints: str | None, api_key: str | None, served_model: str | None = None,
+                  image_format: str = "png", console=None):
+    """Model resolution as in `paravt ask`: URLs (--model URL and/or --endpoints) give one
+    OpenAIBackend spread over all of them; a path (or nothing) loads the model in-process."""
+    urls = [u.strip() for u in (endpoints or "").split(",") if u.strip()]
+    if model and model.startswith(("http://", "https://")):
+        urls = [model] + [u for u in urls if u != model]
+    elif model and urls:
+        raise ValueError("--endpoints are servers: give --model as one of their URLs, or leave --model out")
+    if urls:
+        from paravt.backends.openai import OpenAIBackend
+
+        return OpenAIBackend(urls[0], model=served_model, api_key=api_key, endpoints=urls, image_format=image_format)
+    from paravt.ask import make_backend
+
+    return make_backend(model, api_key=api_key, console=console)
+
+
+def eval_command(*, bench: str, data: str, videos: str | None, model: str | None, endpoints: str | None, mode: str,
+                 out: str, limit: int | None, concurrency: int, frames: int, max_turns: int, max_parallel: int,
+                 max_new_tokens: int, api_key: str | None, force: bool, retry_errors: bool = True,
+                 keep_token_ids: bool = False, served_model: str | None = None, image_format: str = "png",
+                 oe_metric: str = "f1", sample_timeout_s: float | None = 1800.0, progress: bool = True) -> dict:
+    """Load the benchmark, build the backend(s), run, print the summary. Returns the summary."""
+    import asyncio
+
+    from rich.console import Console
+
     from paravt.backends.base import BackendError
     from paravt.eval.benchmarks import BenchmarkError, load_benchmark
-    from paravt.eval.runner import ManifestMismatch, eval_config, run_eval_async
+    from paravt.eval.metrics import summary_tables
+    from paravt.eval.runner import EvalAborted, ManifestMismatch, eval_config, run_eval_async
     from paravt.models import ModelLoadError
+    from paravt.rewards import RewardConfig
 
     console = Console()
     try:
         loaded = load_benchmark(bench, data, videos)
-        if loaded.missing_videos:
-            console.print(f"[yellow]{len(loaded.missing_videos)} sample(s) skipped: video missing "
-                          f"(first: {loaded.missing_videos[0]})[/yellow]")
+        console.print(f"[bold]{bench}[/bold]: {len(loaded.samples)} samples with their video")
+        if loaded.missing:
+            console.print(f"[yellow]{len(loaded.missing)} sample(s) skipped, video missing (first: "
+                          f"{loaded.missing[0].id} -> {loaded.missing[0].looked_for}); list in "
+                          f"{out}/missing_videos.jsonl[/yellow]")
+        for reason, n in loaded.skipped.items():
+            console.print(f"[dim]{n} row(s) not part of this split's protocol: {reason}[/dim]")
+        if not loaded.samples:
+            raise BenchmarkError(f"no {bench} sample has its video: point --videos at the video directory")
         cfg = eval_config(mode=mode, frames=frames, max_turns=max_turns, max_parallel=max_parallel,
                           max_new_tokens=max_new_tokens)
-        if endpoints:
-            from paravt.backends.openai import OpenAIBackend
+        reward_cfg = RewardConfig(oe_metric=oe_metric)
+        backend = make_backends(model, endpoints, api_key, served_model, image_format, console)
+        model_id = model or endpoints or "default"
 
-            urls = [u.strip() for u in endpoints.split(",") if u.strip()]
-            backend = OpenAIBackend(urls[0], endpoints=urls, api_key=api_key)
-        else:
-            from paravt.ask import make_backend
-
-            backend = make_backend(model, api_key=api_key, console=console)
-        manifest = {"bench": bench, "model": model or endpoints or "default", "n_samples": len(loaded.samples)}
-
-        async def go():
+        async def go() -> dict:
             try:
-                with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                              TimeRemainingColumn(), console=console) as progress:
-                    return await run_eval_async(loaded.samples, backend, cfg, out, concurrency=concurrency, limit=limit,
-                                                manifest=manifest, force=force, progress=progress)
+                return await run_eval_async(
+                    loaded.samples, backend, cfg, out, concurrency=concurrency, limit=limit, progress=progress,
+                    model=model_id, force=force, missing=loaded.missing, retry_errors=retry_errors,
+                    reward_cfg=reward_cfg, keep_token_ids=keep_token_ids, sample_timeout_s=sample_timeout_s,
+                    manifest={"info": {"endpoints": endpoints, "data": str(data), "videos": videos}})
             finally:
                 await backend.aclose()
 
         summary = asyncio.run(go())
-    except (BenchmarkError, ManifestMismatch, ModelLoadError, BackendError, ValueError) as e:
-        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(2) from None
-    table = Table(title=f"{bench} · {mode} · {out}")
-    table.add_column("metric")
-    table.add_column("value")
-    for k, v in summary.items():
-        if not isinstance(v, dict):
-            table.add_row(k, f"{v:.2f}" if isinstance(v, float) else str(v))
-    console.print(table)
-    for group in ("by_duration", "by_task"):
-        if group in summary:
-            console.print(group + ": " + ", ".join(f"{g} {d['score']:.1f} (n={d['n']})" for g, d in summary[group].items()))
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted: every finished sample is in {out}/results.jsonl; rerun the same "
+                      "command to resume[/yellow]")
+        raise typer.Exit(130) from None
+    except (BenchmarkError, ManifestMismatch, EvalAborted, ModelLoadError, BackendError, ValueError) as e:
+        _fail(str(e))
+    for t in summary_tables(summary, f"{bench} · {mode} · {out}"):
+        console.print(t)
+    console.print(f"[dim]{out}/results.jsonl, summary.json, summary.md[/dim]")
     return summary
+
+
+@eval_app.callback()
+@eval_app.command("run")
+def eval_run(
+    ctx: typer.Context,
+    bench: str = typer.Option(None, help="videomme | videomme_sub | longvideobench | lvbench | mlvu | mmvu | mmvu_all "
+                                         "| charades | synthvt (see `paravt eval list`)"),
+    data: str = typer.Option(None, help="Directory with the benchmark's annotation files as published (SynthVT: "
+                                        "the split directory)."),
+    videos: str = typer.Option(None, help="Video directory (default: --data and its usual subfolders)."),
+    model: str = typer.Option(None, help="Checkpoint dir, cached hub id, or URL of an OpenAI-compatible server."),
+    endpoints: str = typer.Option(None, help="Comma-separated server URLs used at once (data-parallel servers)."),
+    mode: str = typer.Option("parallel", help="parallel | sequential | inline | none"),
+    out: str = typer.Option(None, help="Run directory: results.jsonl, manifest.json, summary.json/md."),
+    limit: int = typer.Option(None, help="Only the first N samples."),
+    concurrency: int = typer.Option(4, help="Episodes in flight."),
+    frames: int = typer.Option(64, help="Overview frames K."),
+    max_turns: int = typer.Option(3),
+    max_parallel: int = typer.Option(5),
+    max_new_tokens: int = typer.Option(2048),
+    api_key: str = typer.Option(None, envvar="PARAVT_API_KEY"),
+    served_model: str = typer.Option(None, help="Model name to request from the server (default: its first)."),
+    image_format: str = typer.Option("png", help="Frame encoding sent to servers: png | jpeg."),
+    oe_metric: str = typer.Option("f1", help="Open-ended scoring: f1 | exact."),
+    sample_timeout: float = typer.Option(1800.0, help="Seconds one episode may take before it is an error row."),
+    retry_errors: bool = typer.Option(True, help="On resume, rerun samples whose row is an error."),
+    keep_token_ids: bool = typer.Option(False, help="Keep token ids / logprobs in the traces (large)."),
+    force: bool = typer.Option(False, help="Resume even if the run's settings changed."),
+) -> None:
+    """Run an evaluation (resumable: rerun the same command to continue)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if not (bench and data and out):
+        _fail("--bench, --data and --out are required")
+    eval_command(bench=bench, data=data, videos=videos, model=model, endpoints=endpoints, mode=mode, out=out,
+                 limit=limit, concurrency=concurrency, frames=frames, max_turns=max_turns, max_parallel=max_parallel,
+                 max_new_tokens=max_new_tokens, api_key=api_key, force=force, retry_errors=retry_errors,
+                 keep_token_ids=keep_token_ids, served_model=served_model, image_format=image_format,
+                 oe_metric=oe_metric, sample_timeout_s=sample_timeout if sample_timeout > 0 else None)
+
+
+@eval_app.command("report")
+def eval_report(
+    runs: list[str] = typer.Argument(..., help="Run directories to compare."),
+    plot: str = typer.Option("eval_report.png", help="Bar plot (PNG) of score and tool calls per run."),
+    md: str = typer.Option(None, help="Also write the comparison as Markdown here."),
+) -> None:
+    """Compare eval runs side by side (e.g. the four dispatch modes)."""
+    from rich.console import Console
+
+    from paravt.eval.report import ReportError, compare
+
+    try:
+        tables, _ = compare(runs, plot=plot, md=md)
+    except ReportError as e:
+        _fail(str(e))
+    for t in tables:
+        Console().print(t)
+    typer.echo(f"plot: {plot}" + (f"  markdown: {md}" if md else ""))
+
+
+@eval_app.command("list")
+def eval_list() -> None:
+    """The benchmarks `--bench` accepts."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from paravt.eval.benchmarks import BENCHMARKS
+
+    t = Table(title="benchmarks")
+    for c in ("name", "what", "headline metric", "breakdowns"):
+        t.add_column(c)
+    for b in BENCHMARKS.values():
+        t.add_row(b.name, b.description, b.headline, ", ".join(b.breakdowns))
+    Console().print(t)

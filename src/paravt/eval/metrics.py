@@ -1,4 +1,10 @@
-"""Summary metrics of an eval run (SPEC §5): accuracy or mIoU with R@k, tool use, errors, latency."""
+"""Scoring one prediction and summarising a run (SPEC §5).
+
+Accuracy (MCQ, open-ended) or mIoU with R@0.3/0.5/0.7 (grounding), tool use, parse problems,
+errors, latency percentiles and token counts, with breakdowns by duration class / task / subject.
+A sample that failed (error row) counts as wrong in every score, so errors can never raise a
+figure; its latency and tokens are left out of those statistics.
+"""
 
 from __future__ import annotations
 
@@ -6,60 +12,141 @@ from collections import defaultdict
 
 import numpy as np
 
+from paravt.rewards import RewardConfig, accuracy_reward, mcq_letter, parse_span
 
-def _pct(values, q):
-    return float(np.percentile(values, q)) if values else 0.0
+RECALL_IOUS = (0.3, 0.5, 0.7)
 
 
-def summarize(results: list[dict]) -> dict:
-    """`results`: rows of results.jsonl (score, question_type, n_calls, ...)."""
-    ok = [r for r in results if not r.get("error")]
-    out: dict = {"n": len(results), "errors": len(results) - len(ok)}
-    mcq = [r["score"] for r in ok if r["question_type"] in ("mcq", "oe")]
-    tvg = [r["score"] for r in ok if r["question_type"] == "tvg"]
-    if mcq:
-        out["accuracy"] = 100 * float(np.mean(mcq))
-    if tvg:
-        out["miou"] = 100 * float(np.mean(tvg))
-        for k in (0.3, 0.5, 0.7):
-            out[f"r@{k}"] = 100 * float(np.mean([s >= k for s in tvg]))
-    calls = [r.get("n_calls", 0) for r in ok]
-    out["mean_tool_calls"] = float(np.mean(calls)) if calls else 0.0
-    out["tool_usage_rate"] = 100 * float(np.mean([c > 0 for c in calls])) if calls else 0.0
-    out["parse_problem_rate"] = 100 * float(np.mean([r.get("n_problems", 0) > 0 for r in ok])) if ok else 0.0
-    lat = [r.get("latency_s", 0.0) for r in ok]
-    out["latency_p50_s"], out["latency_p90_s"], out["latency_p99_s"] = _pct(lat, 50), _pct(lat, 90), _pct(lat, 99)
+def score_prediction(prediction: str | None, answer: str, question_type: str, *, options: list[str] | None = None,
+                     question: str = "", cfg: RewardConfig | None = None) -> float:
+    """R_acc of SPEC §2 (the same function the trainer rewards with): option-letter match for
+    MCQ, temporal IoU of the first span for grounding, token F1 (or exact / judge) for open-ended."""
+    return float(accuracy_reward(prediction, answer, question_type, cfg, options=options or None, question=question))
+
+
+def normalized_prediction(prediction: str | None, question_type: str, options: list[str] | None = None):
+    """What the scorer read from the prediction (a letter, a [s, e] span, or the text): kept in
+    results.jsonl so a wrong score can be traced to the extraction or to the model."""
+    if question_type == "mcq":
+        return mcq_letter(prediction, options or None)
+    if question_type == "tvg":
+        span = parse_span(prediction)
+        return list(span) if span else None
+    return prediction
+
+
+def _mean(values) -> float:
+    return float(np.mean(values)) if len(values) else 0.0
+
+
+def _pct(values, q: float) -> float:
+    return float(np.percentile(values, q)) if len(values) else 0.0
+
+
+def _groups(value) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    return [str(value)]
+
+
+def summarize(rows: list[dict], breakdowns: tuple[str, ...] = ("duration", "task"),
+              headline: str | None = None) -> dict:
+    """Summary of results.jsonl rows (one per sample). Percentages are in %, 0..100.
+
+    breakdowns: extras keys (or "question_type") to break the score down by; a list-valued key
+    (LVBench's categories) counts the sample in each of its groups, as the official script does."""
+    n = len(rows)
+    ok = [r for r in rows if not r.get("error")]
+    score = [0.0 if r.get("error") else float(r.get("score") or 0.0) for r in rows]
+    out: dict = {"n": n, "errors": n - len(ok), "error_rate": 100 * (n - len(ok)) / n if n else 0.0}
+    by_type: dict[str, list[float]] = defaultdict(list)
+    for r, s in zip(rows, score):
+        by_type[r.get("question_type", "mcq")].append(s)
+    acc = by_type.get("mcq", []) + by_type.get("oe", [])
+    if acc:
+        out["accuracy"] = 100 * _mean(acc)
+    if by_type.get("tvg"):
+        ious = by_type["tvg"]
+        out["miou"] = 100 * _mean(ious)
+        for k in RECALL_IOUS:
+            out[f"r@{k}"] = 100 * _mean([s >= k for s in ious])
+    out["score"] = 100 * _mean(score)
+    out["answered_rate"] = 100 * _mean([r.get("prediction") is not None for r in ok]) if ok else 0.0
+    calls = [int(r.get("n_calls") or 0) for r in ok]
+    out["mean_tool_calls"] = _mean(calls)
+    out["mean_executed_calls"] = _mean([int(r.get("n_executed") or 0) for r in ok])
+    out["tool_usage_rate"] = 100 * _mean([c > 0 for c in calls])
+    out["parse_problem_rate"] = 100 * _mean([int(r.get("n_problems") or 0) > 0 for r in ok])
+    out["mean_turns"] = _mean([int(r.get("n_turns") or 0) for r in ok])
+    lat = [float(r.get("latency_s") or 0.0) for r in ok]
+    for q in (50, 90, 99):
+        out[f"latency_p{q}_s"] = _pct(lat, q)
     for key in ("main_visual_tokens", "prompt_tokens", "completion_tokens"):
-        vals = [r.get(key, 0) for r in ok]
-        out[f"mean_{key}"] = float(np.mean(vals)) if vals else 0.0
-    for group in ("duration", "task"):
-        buckets = defaultdict(list)
-        for r in ok:
-            g = (r.get("extras") or {}).get(group)
-            if g is not None:
-                buckets[str(g)].append(r["score"])
-        if len(buckets) > 1 or (buckets and group == "duration"):
-            out[f"by_{group}"] = {g: {"n": len(v), "score": 100 * float(np.mean(v))} for g, v in sorted(buckets.items())}
+        out[f"mean_{key}"] = _mean([float(r.get(key) or 0) for r in ok])
+    for key in breakdowns:
+        buckets: dict[str, list[float]] = defaultdict(list)
+        for r, s in zip(rows, score):
+            value = r.get("question_type") if key == "question_type" else (r.get("extras") or {}).get(key)
+            for g in _groups(value):
+                buckets[g].append(s)
+        if buckets:
+            out[f"by_{key}"] = {g: {"n": len(v), "score": 100 * _mean(v)} for g, v in sorted(buckets.items())}
+    if headline == "task_mean_accuracy" and "by_task" in out:  # MLVU's M-Avg: the mean of per-task accuracies
+        out["task_mean_accuracy"] = _mean([d["score"] for d in out["by_task"].values()])
+    metric = headline if headline in out else next(m for m in ("accuracy", "miou", "score") if m in out)
+    out["headline"] = {"metric": metric, "value": out[metric]}
     return out
 
 
+HEADLINE_NAMES = {"accuracy": "accuracy", "miou": "mIoU", "task_mean_accuracy": "M-Avg", "score": "score"}
+
+
 def headline(summary: dict) -> tuple[str, float]:
-    if "accuracy" in summary:
-        return "accuracy", summary["accuracy"]
-    if "miou" in summary:
-        return "mIoU", summary["miou"]
-    return "score", 0.0
+    h = summary.get("headline") or {}
+    metric = h.get("metric") or next((m for m in ("accuracy", "miou", "score") if m in summary), "score")
+    return HEADLINE_NAMES.get(metric, metric), float(summary.get(metric, h.get("value", 0.0)))
+
+
+def _fmt(v) -> str:
+    return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+
+def flat_items(summary: dict) -> list[tuple[str, str]]:
+    return [(k, _fmt(v)) for k, v in summary.items() if not isinstance(v, dict)]
 
 
 def markdown(summary: dict, title: str) -> str:
-    lines = [f"# {title}", "", "| metric | value |", "|---|---|"]
-    for k, v in summary.items():
-        if isinstance(v, dict):
-            continue
-        lines.append(f"| {k} | {v:.2f} |" if isinstance(v, float) else f"| {k} | {v} |")
-    for group in ("by_duration", "by_task"):
-        if group in summary:
-            lines += ["", f"## {group.replace('_', ' ')}", "", "| group | n | score |", "|---|---|---|"]
-            for g, d in summary[group].items():
-                lines.append(f"| {g} | {d['n']} | {d['score']:.2f} |")
+    name, value = headline(summary)
+    counts = f"(n = {summary.get('n', 0)}, errors = {summary.get('errors', 0)})"
+    lines = [f"# {title}", "", f"**{name}: {value:.2f}** {counts}",
+             "", "| metric | value |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in flat_items(summary)]
+    for key, groups in summary.items():
+        if key.startswith("by_") and isinstance(groups, dict):
+            lines += ["", f"## {key[3:].replace('_', ' ')}", "", "| group | n | score |", "|---|---|---|"]
+            lines += [f"| {g} | {d['n']} | {d['score']:.2f} |" for g, d in groups.items()]
     return "\n".join(lines) + "\n"
+
+
+def summary_tables(summary: dict, title: str) -> list:
+    """Rich tables: the metrics, then one per breakdown."""
+    from rich.table import Table
+
+    name, value = headline(summary)
+    main = Table(title=f"{title} · {name} {value:.2f}")
+    main.add_column("metric")
+    main.add_column("value", justify="right")
+    for k, v in flat_items(summary):
+        main.add_row(k, v)
+    tables = [main]
+    for key, groups in summary.items():
+        if key.startswith("by_") and isinstance(groups, dict):
+            t = Table(title=key.replace("_", " "))
+            for c in ("group", "n", "score"):
+                t.add_column(c, justify="left" if c == "group" else "right")
+            for g, d in groups.items():
+                t.add_row(g, str(d["n"]), f"{d['score']:.2f}")
+            tables.append(t)
+    return tables

@@ -1,51 +1,136 @@
-"""Side-by-side comparison of eval runs (e.g. the four dispatch modes), as a table and a bar plot."""
+"""Runs side by side (e.g. the four dispatch modes, or checkpoints): a table, Markdown, and a bar
+plot of the headline score, mean tool calls and, where every run has it, the score by duration."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from paravt.eval.metrics import headline
 
-COLUMNS = {"n": "n", "errors": "err", "mean_tool_calls": "calls", "tool_usage_rate": "tool %",
-           "parse_problem_rate": "parse %", "latency_p50_s": "p50 s", "mean_main_visual_tokens": "vis tok"}
+COLUMNS = {  # summary key -> column label (console table; the Markdown has them all)
+    "n": "n", "errors": "err", "mean_tool_calls": "calls", "tool_usage_rate": "tool %",
+    "parse_problem_rate": "parse %", "latency_p50_s": "p50 s", "mean_main_visual_tokens": "vis tok",
+}
+MORE_COLUMNS = {"answered_rate": "answered %", "latency_p90_s": "p90 s", "mean_completion_tokens": "gen tok"}
 
 
-def load_run(d: Path) -> tuple[str, dict]:
+class ReportError(ValueError):
+    pass
+
+
+@dataclass
+class Run:
+    label: str
+    path: Path
+    summary: dict
+    manifest: dict
+
+
+def load_run(d: str | Path) -> Run:
+    d = Path(d)
+    if not (d / "summary.json").is_file():
+        raise ReportError(f"{d} has no summary.json (not an eval run directory, or not finished once)")
     summary = json.loads((d / "summary.json").read_text())
-    manifest = json.loads((d / "manifest.json").read_text()) if (d / "manifest.json").exists() else {}
-    mode = manifest.get("episode", {}).get("mode", "")
-    return f"{d.name}" + (f" ({mode})" if mode and mode not in d.name else ""), summary
+    manifest = json.loads((d / "manifest.json").read_text()) if (d / "manifest.json").is_file() else {}
+    mode = (manifest.get("episode") or {}).get("mode", "")
+    label = d.name + (f" ({mode})" if mode and mode not in d.name else "")
+    return Run(label, d, summary, manifest)
 
 
-def compare(dirs: list[str | Path], plot: str | Path | None = None):
+def _cell(v) -> str:
+    return f"{v:.1f}" if isinstance(v, float) else ("" if v is None else str(v))
+
+
+def _rows(runs: list[Run], full: bool) -> tuple[list[str], list[list[str]]]:
+    cols = {**COLUMNS, **MORE_COLUMNS} if full else COLUMNS
+    names = {headline(r.summary)[0] for r in runs}
+    same = len(names) == 1
+    head = ["run", names.pop() if same else "score"] + list(cols.values())
+    rows = []
+    for r in runs:
+        name, value = headline(r.summary)
+        score = f"{value:.1f}" if same else f"{name} {value:.1f}"
+        rows.append([r.label, score] + [_cell(r.summary.get(k)) for k in cols])
+    return head, rows
+
+
+def _breakdown(runs: list[Run], key: str) -> tuple[list[str], list[list[str]]] | None:
+    if not all(key in r.summary for r in runs):
+        return None
+    groups = sorted({g for r in runs for g in r.summary[key]})
+    return ["run"] + groups, [[r.label] + [_cell(r.summary[key].get(g, {}).get("score")) for g in groups] for r in runs]
+
+
+def markdown_table(head: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
+
+
+def compare(dirs: list[str | Path], plot: str | Path | None = None, md: str | Path | None = None):
+    """(rich tables, runs). Writes the plot (PNG) and the Markdown when paths are given."""
     from rich.table import Table
 
-    runs = [load_run(Path(d)) for d in dirs]
-    table = Table(title="eval runs")
-    table.add_column("run", no_wrap=True)
-    table.add_column("score", no_wrap=True)
-    for label in COLUMNS.values():
-        table.add_column(label)
-    for name, s in runs:
-        metric, value = headline(s)
-        table.add_row(name, f"{metric} {value:.1f}", *[f"{s.get(c, 0):.1f}" if isinstance(s.get(c), float)
-                                                        else str(s.get(c, "")) for c in COLUMNS])
+    if not dirs:
+        raise ReportError("give at least one run directory")
+    runs = [load_run(d) for d in dirs]
+    benches = sorted({str(r.summary.get("bench") or r.manifest.get("bench") or "?") for r in runs})
+    title = f"eval runs ({', '.join(benches)})"
+    breakdowns = []
+    for key in ("by_duration", "by_task"):
+        b = _breakdown(runs, key)
+        if b and len(b[0]) > 2:
+            breakdowns.append((f"score {key.replace('_', ' ')}", b))
+    tables = []
+    for name, (head, rows) in [(title, _rows(runs, full=False))] + breakdowns:
+        t = Table(title=name)
+        for i, h in enumerate(head):
+            t.add_column(h, no_wrap=i == 0, justify="left" if i == 0 else "right")
+        for row in rows:
+            t.add_row(*row)
+        tables.append(t)
+    if md:
+        sections = [(title, _rows(runs, full=True))] + breakdowns
+        Path(md).write_text("\n".join(f"## {name}\n\n{markdown_table(h, r)}" for name, (h, r) in sections))
     if plot:
-        import matplotlib
+        _plot(runs, Path(plot))
+    return tables, runs
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
 
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
-        names = [n for n, _ in runs]
-        a1.bar(names, [headline(s)[1] for _, s in runs], color="tab:blue")
-        a1.set_ylabel(headline(runs[0][1])[0] + " (%)")
-        a2.bar(names, [s.get("mean_tool_calls", 0) for _, s in runs], color="tab:orange")
-        a2.set_ylabel("mean tool calls")
-        for a in (a1, a2):
-            a.tick_params(axis="x", rotation=20, labelsize=8)
-        fig.tight_layout()
-        fig.savefig(plot, dpi=110)
-        plt.close(fig)
-    return table, runs
+def _plot(runs: list[Run], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    by_dur = _breakdown(runs, "by_duration")
+    panels = 3 if by_dur and len(by_dur[0]) > 2 else 2
+    fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.8))
+    names = [r.label for r in runs]
+    x = np.arange(len(runs))
+    metric = headline(runs[0].summary)[0]
+    bars = axes[0].bar(x, [headline(r.summary)[1] for r in runs], color="tab:blue")
+    axes[0].bar_label(bars, fmt="%.1f", fontsize=8)
+    axes[0].set_ylabel(f"{metric} (%)")
+    bars = axes[1].bar(x, [r.summary.get("mean_tool_calls", 0.0) for r in runs], color="tab:orange")
+    axes[1].bar_label(bars, fmt="%.2f", fontsize=8)
+    axes[1].set_ylabel("mean tool calls per sample")
+    if panels == 3:
+        groups = by_dur[0][1:]
+        w = 0.8 / len(runs)
+        for i, r in enumerate(runs):
+            axes[2].bar(np.arange(len(groups)) + i * w, [r.summary["by_duration"].get(g, {}).get("score", 0.0)
+                                                         for g in groups], w, label=r.label)
+        axes[2].set_xticks(np.arange(len(groups)) + 0.4 - w / 2, groups)
+        axes[2].set_ylabel("score by duration (%)")
+        axes[2].legend(fontsize=7)
+    for a in axes:
+        top = max((b.get_height() for b in a.patches), default=0.0)
+        a.set_ylim(0, max(1.0, 1.15 * top))  # all-zero runs still get a readable axis
+    for a in axes[:2]:
+        a.set_xticks(x, names, rotation=20, ha="right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

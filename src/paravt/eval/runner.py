@@ -1,8 +1,11 @@
-"""Concurrent, resumable evaluation over the one episode loop.
+"""Concurrent, resumable evaluation over the one episode loop (paravt.agent.run_episode).
 
-Each finished sample is appended to results.jsonl and fsynced before it is counted; a rerun
-reads what is there and skips it; a half-written last line (a crash mid-write) is dropped
-and that sample redone. A manifest pins the run's settings so a resume never mixes configs.
+Results are never lost: each finished sample is one JSON line appended to results.jsonl and
+fsynced before it is counted. A rerun reads what is there and skips it (error rows are retried
+unless told otherwise); a line torn by a crash mid-write is cut off and that sample redone. A
+manifest pins the settings that change results (benchmark, model, episode config, scoring), so a
+resume never mixes two configurations unless forced. Several backends (or one OpenAI backend over
+several endpoints) are used at once: each episode goes to the least busy one.
 """
 
 from __future__ import annotations
@@ -11,137 +14,401 @@ import asyncio
 import json
 import os
 import time
-from dataclasses import asdict
+from collections import deque
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, Callable, Sequence
 
-from paravt.agent import EpisodeConfig, run_episode
+from paravt.agent import Episode, EpisodeConfig, run_episode
 from paravt.backends.base import Backend, BackendError
-from paravt.eval.benchmarks import Sample
-from paravt.eval.metrics import markdown, summarize
-from paravt.rewards import accuracy_reward
+from paravt.eval.benchmarks import BENCHMARKS, MissingVideo, Sample
+from paravt.eval.metrics import markdown, normalized_prediction, score_prediction, summarize
+from paravt.rewards import RewardConfig
 from paravt.video import VideoError
+
+RESULTS = "results.jsonl"
+MANIFEST = "manifest.json"
+_ID_FIELDS = ("prompt_ids", "token_ids", "logprobs", "assistant_ids")
 
 
 class ManifestMismatch(RuntimeError):
-    pass
+    """The run directory holds results made with other settings."""
 
 
-def eval_config(**overrides) -> EpisodeConfig:
-    """The paper's protocol: greedy, 2048 tokens per turn, forced final answer (SPEC §5)."""
-    base = dict(temperature=0.0, max_new_tokens=2048, frames=64, max_turns=3, max_parallel=5)
-    base.update(overrides)
+class EvalAborted(RuntimeError):
+    """The backend failed on too many samples in a row (a dead server): stop instead of
+    writing an error row for every remaining sample."""
+
+
+def eval_config(**overrides: Any) -> EpisodeConfig:
+    """The paper's evaluation protocol (SPEC §5): greedy, 2048 new tokens per turn, K = 64
+    overview frames, 3 rounds with the last one a forced answer (64 / 128 tokens), 5 calls a turn."""
+    base: dict[str, Any] = dict(temperature=0.0, top_p=1.0, max_new_tokens=2048, frames=64, max_turns=3,
+                                max_parallel=5, answer_max_new_tokens_mcq=64, answer_max_new_tokens_tvg=128)
+    base.update({k: v for k, v in overrides.items() if v is not None})
     return EpisodeConfig(**base)
 
 
-def read_results(path: Path) -> list[dict]:
-    """Complete rows of results.jsonl; a torn last line is cut off the file."""
+# ----------------------------------------------------------------------------------------------
+# results.jsonl
+
+
+def read_results(path: str | Path, repair: bool = True) -> list[dict]:
+    """Every complete row of results.jsonl, in file order.
+
+    A last line without its newline is the trace of a crash mid-write: cut off (repair=True) so
+    the next append starts on a fresh line; if it happens to be complete JSON it is kept and its
+    newline restored. A garbled line inside the file is skipped, never a reason to drop the rows
+    after it."""
+    path = Path(path)
     if not path.exists():
         return []
     data = path.read_bytes()
-    rows, good_end = [], 0
-    pos = 0
-    for line in data.split(b"\n"):
-        end = pos + len(line) + 1
+    rows: list[dict] = []
+    cut = len(data) if not data or data.endswith(b"\n") else data.rfind(b"\n") + 1
+    body, tail = data[:cut], data[cut:]
+    for line in body.split(b"\n"):
         if line.strip():
             try:
                 rows.append(json.loads(line))
-                good_end = min(end, len(data))
             except json.JSONDecodeError:
-                break
-        pos = end
-    if good_end < len(data) and data[good_end:].strip():
-        with open(path, "r+b") as f:  # drop the torn tail so appends stay line-aligned
-            f.truncate(good_end)
-    return rows
+                continue
+    if tail:
+        try:
+            rows.append(json.loads(tail))
+            fix = "newline"
+        except json.JSONDecodeError:
+            fix = "truncate"
+        if repair:
+            with open(path, "r+b") as f:
+                if fix == "truncate":
+                    f.truncate(len(data) - len(tail))
+                else:
+                    f.seek(0, os.SEEK_END)
+                    f.write(b"\n")
+                f.flush()
+                os.fsync(f.fileno())
+    return [r for r in rows if isinstance(r, dict) and "id" in r]
 
 
-def _check_manifest(out: Path, manifest: dict, force: bool) -> None:
-    path = out / "manifest.json"
+def latest_rows(rows: list[dict]) -> dict[str, dict]:
+    """One row per sample id: the last one written (a retried sample's newest result)."""
+    out: dict[str, dict] = {}
+    for r in rows:
+        out[str(r["id"])] = r
+    return out
+
+
+class ResultWriter:
+    """Appends rows to results.jsonl, each flushed and fsynced before `write` returns."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._f = open(path, "ab")
+        self._lock = asyncio.Lock()
+
+    def _write(self, data: bytes) -> None:
+        self._f.write(data)
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    async def write(self, row: dict) -> None:
+        data = (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
+        async with self._lock:  # one writer at a time; the fsync runs off the event loop
+            await asyncio.to_thread(self._write, data)
+
+    def close(self) -> None:
+        self._f.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# manifest
+
+
+def _compared(manifest: dict) -> dict:
+    """The part of a manifest that must match on resume. Manifests of earlier versions kept the
+    sample count at top level and had no scoring entry (token F1 was the only open-ended metric)."""
+    d = {k: v for k, v in manifest.items() if k not in ("info", "n_samples")}
+    d.setdefault("scoring", {"oe_metric": "f1"})
+    return d
+
+
+def check_manifest(out: Path, manifest: dict, force: bool) -> None:
+    """Write the run's manifest, or check a resumed run against it. Keys under "info" (times,
+    sample counts, server URLs) may differ; everything else must match unless `force` (or the
+    directory holds no result yet)."""
+    path = out / MANIFEST
+    new = _compared(manifest)
     if path.exists():
-        old = json.loads(path.read_text())
-        if old != manifest and not force:
-            diff = sorted(k for k in set(old) | set(manifest) if old.get(k) != manifest.get(k))
-            raise ManifestMismatch(f"{out} holds a run with other settings ({', '.join(diff)}); "
-                                   "use another --out or --force")
-    path.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        try:
+            old_all = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            old_all = {}
+        old = _compared(old_all)
+        has_rows = bool(read_results(out / RESULTS, repair=False))
+        if old == new:
+            if has_rows:
+                return  # same settings: keep the original manifest (its creation time)
+        elif has_rows:
+            diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+            if not force:
+                raise ManifestMismatch(f"{out} holds a run with other settings ({', '.join(diff)} differ); "
+                                       "use another --out, or --force to mix them")
+            manifest = {**manifest, "info": {**manifest.get("info", {}), "forced_over": old_all}}
+    path.write_text(json.dumps(manifest, indent=1, sort_keys=True, default=str))
 
 
-async def _one(backend: Backend, s: Sample, cfg: EpisodeConfig) -> dict:
-    t = time.perf_counter()
-    row = {"id": s.id, "bench": s.bench, "question_type": s.question_type, "answer": s.answer,
-           "extras": s.extras, "error": None}
-    try:
-        ep = await run_episode(backend, s.video, s.question, cfg, question_type=s.question_type,
-                               subtitles=s.subtitles)
-        pred = ep.answer
-        row.update(
-            prediction=pred,
-            score=accuracy_reward(pred, s.answer, s.question_type, options=s.options or None, question=s.question),
-            n_calls=ep.n_parsed_calls, n_executed=ep.n_executed_calls, n_problems=ep.n_problems,
-            main_visual_tokens=ep.main_visual_tokens,
-            prompt_tokens=sum(t.generation.prompt_tokens for t in ep.turns),
-            completion_tokens=sum(t.generation.completion_tokens for t in ep.turns)
-            + sum(c.generation.completion_tokens for c in ep.subcalls() if c.generation),
-            episode=ep.to_dict(),
-        )
-    except (VideoError, BackendError, asyncio.TimeoutError) as e:
-        row.update(prediction=None, score=0.0, n_calls=0, error=f"{type(e).__name__}: {e}")
-    row["latency_s"] = time.perf_counter() - t
+# ----------------------------------------------------------------------------------------------
+# one sample
+
+
+@dataclass
+class _Pool:
+    """Backends used at once; each episode takes the least busy one."""
+
+    backends: list[Backend]
+    busy: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.busy = [0] * len(self.backends)
+
+    def take(self) -> int:
+        i = min(range(len(self.backends)), key=lambda j: self.busy[j])
+        self.busy[i] += 1
+        return i
+
+    def give(self, i: int) -> None:
+        self.busy[i] -= 1
+
+
+def _trace(ep: Episode, keep_ids: bool) -> dict:
+    d = ep.to_dict()
+    if keep_ids:
+        return d
+    gens = [t["generation"] for t in d["turns"]] + [c["generation"] for t in d["turns"] for c in t["calls"]
+                                                      if c.get("generation")]
+    for g in gens:
+        for k in _ID_FIELDS:
+            g.pop(k, None)
+    return d
+
+
+def sample_row(s: Sample, ep: Episode | None, error: str | None, latency_s: float, reward_cfg: RewardConfig,
+               keep_ids: bool = False, backend: int = 0) -> dict:
+    """The results.jsonl line of one sample."""
+    row: dict[str, Any] = {"id": s.id, "bench": s.bench, "question_type": s.question_type, "answer": s.answer,
+                           "video_path": s.video_path, "extras": s.extras, "backend": backend}
+    if ep is not None and error is None and ep.error:
+        error = ep.error
+    if ep is None or error is not None:
+        row.update(prediction=ep.answer if ep else None, parsed=None, score=0.0, n_calls=0, n_executed=0,
+                   n_problems=0, n_turns=len(ep.turns) if ep else 0, error=error, latency_s=latency_s,
+                   episode=_trace(ep, keep_ids) if ep else None)
+        return row
+    gens = [t.generation for t in ep.turns]
+    subs = [c.generation for c in ep.subcalls() if c.generation]
+    row.update(
+        prediction=ep.answer,
+        parsed=normalized_prediction(ep.answer, s.question_type, s.options),
+        score=score_prediction(ep.answer, s.answer, s.question_type, options=s.options, question=s.question,
+                               cfg=reward_cfg),
+        n_calls=ep.n_parsed_calls, n_executed=ep.n_executed_calls, n_problems=ep.n_problems, n_turns=len(ep.turns),
+        error=None, latency_s=latency_s,
+        main_visual_tokens=ep.main_visual_tokens, main_prompt_tokens_final=ep.main_prompt_tokens_final,
+        prompt_tokens=sum(g.prompt_tokens for g in gens + subs),
+        completion_tokens=sum(g.completion_tokens for g in gens + subs),
+        sub_completion_tokens=sum(g.completion_tokens for g in subs),
+        episode=_trace(ep, keep_ids),
+    )
     return row
 
 
-async def run_eval_async(samples: list[Sample], backend: Backend, cfg: EpisodeConfig, out: str | Path, *,
-                         concurrency: int = 4, limit: int | None = None, manifest: dict | None = None,
-                         force: bool = False, progress=None, stop_after: int | None = None) -> dict:
-    """Evaluate `samples` (up to `limit`), appending to out/results.jsonl; returns the summary.
-    `stop_after` ends the run after that many new samples (tests use it to simulate a kill)."""
-    out = Path(out)
+async def _run_sample(pool: _Pool, s: Sample, cfg: EpisodeConfig, reward_cfg: RewardConfig,
+                      keep_ids: bool, timeout_s: float | None) -> tuple[dict, bool]:
+    """(row, backend_failed). Failures of the sample's own video or of the model, and a sample
+    that outlives `timeout_s`, become an error row; anything else is a bug and propagates."""
+    i = pool.take()
+    t0 = time.perf_counter()
+    ep, error, backend_failed = None, None, False
+    try:
+        ep = await asyncio.wait_for(
+            run_episode(pool.backends[i], s.video_path, s.question, cfg, question_type=s.question_type,
+                        subtitles=s.subtitles), timeout_s)
+    except VideoError as e:
+        error = f"VideoError: {e}"
+    except BackendError as e:
+        error, backend_failed = f"BackendError: {e}", True
+    except asyncio.TimeoutError:
+        error = f"TimeoutError: the episode took longer than {timeout_s} s"
+    finally:
+        pool.give(i)
+    if ep is not None and ep.error:  # the main agent's model returned an error completion
+        backend_failed = True
+    return sample_row(s, ep, error, time.perf_counter() - t0, reward_cfg, keep_ids, i), backend_failed
+
+
+# ----------------------------------------------------------------------------------------------
+# the run
+
+
+BackendsArg = Backend | Sequence[Backend] | Callable[[], Backend | Sequence[Backend]]
+
+
+def _make_progress(progress):
+    if progress is True:
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn)
+
+        return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[status]}"), TimeElapsedColumn(), TimeRemainingColumn()), True
+    return (progress or None), False
+
+
+async def run_eval_async(
+    samples: Sequence[Sample],
+    backends: BackendsArg,
+    config: EpisodeConfig,
+    out_dir: str | Path,
+    *,
+    concurrency: int = 4,
+    limit: int | None = None,
+    progress: Any = None,
+    model: str | None = None,
+    manifest: dict | None = None,
+    force: bool = False,
+    missing: Sequence[MissingVideo] = (),
+    retry_errors: bool = True,
+    reward_cfg: RewardConfig | None = None,
+    keep_token_ids: bool = False,
+    max_consecutive_backend_errors: int = 20,
+    sample_timeout_s: float | None = 1800.0,
+    stop_after: int | None = None,
+) -> dict:
+    """Evaluate `samples[:limit]` into out_dir; returns the summary (also written as
+    summary.json / summary.md).
+
+    backends: one Backend, several (used at once), or a zero-argument factory called inside the
+    event loop (what it builds is closed at the end). progress: True for a rich bar, or a rich
+    Progress to add a task to. missing: samples skipped for want of a video (reported).
+    sample_timeout_s: an episode running longer becomes an error row (retried on rerun) instead
+    of stalling the run.
+    stop_after: end the run after that many new rows (tests use it to simulate a kill)."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    reward_cfg = reward_cfg or RewardConfig()
+    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _check_manifest(out, {**(manifest or {}), "episode": asdict(cfg)}, force)
-    todo_all = samples[:limit] if limit else samples
-    results_path = out / "results.jsonl"
-    done = {r["id"] for r in read_results(results_path)}
-    todo = [s for s in todo_all if s.id not in done]
-    task = progress.add_task("eval", total=len(todo_all), completed=len(todo_all) - len(todo)) if progress else None
-    sem = asyncio.Semaphore(concurrency)
-    lock = asyncio.Lock()
-    new = 0
+    targets = list(samples[:limit] if limit is not None else samples)
+    bench = targets[0].bench if targets else (samples[0].bench if samples else (manifest or {}).get("bench"))
+    man = {"bench": bench, "model": model, "episode": asdict(config), "scoring": {"oe_metric": reward_cfg.oe_metric},
+           **{k: v for k, v in (manifest or {}).items() if k != "info"},
+           "info": {"created": time.strftime("%Y-%m-%dT%H:%M:%S"), "n_samples": len(samples),
+                    "missing_videos": len(missing), **(manifest or {}).get("info", {})}}
+    check_manifest(out, man, force)
+    with open(out / "missing_videos.jsonl", "w") as f:
+        for m in missing:
+            f.write(json.dumps(asdict(m)) + "\n")
+
+    results = out / RESULTS
+    done = latest_rows(read_results(results))
+    finished = {i for i, r in done.items() if not (retry_errors and r.get("error"))}
+    todo = deque(s for s in targets if s.id not in finished)
+
+    created = not isinstance(backends, Backend) and callable(backends)
+    made = backends() if created else backends
+    pool = _Pool([made] if isinstance(made, Backend) else list(made))
+    if not pool.backends:
+        raise ValueError("no backend given")
+    prog, own_prog = _make_progress(progress)
+    task = None
+    tally = {"n": 0, "score": 0.0, "err": 0}
+    for s in targets:
+        r = done.get(s.id)
+        if r is not None and s.id in finished:
+            tally["n"] += 1
+            tally["score"] += 0.0 if r.get("error") else float(r.get("score") or 0)
+            tally["err"] += bool(r.get("error"))
+
+    def status() -> str:
+        return f"score {100 * tally['score'] / max(tally['n'], 1):.1f}% · errors {tally['err']}"
+
+    if prog is not None:
+        if own_prog:
+            prog.start()
+        task = prog.add_task(f"{bench} · {config.mode}", total=len(targets), completed=len(targets) - len(todo),
+                             status=status())
+    writer = ResultWriter(results)
     stop = asyncio.Event()
+    state = {"new": 0, "backend_fail_streak": 0, "last_error": ""}
 
-    async def worker(s: Sample) -> None:
-        nonlocal new
-        if stop.is_set():
-            return
-        async with sem:
-            if stop.is_set():
-                return
-            row = await _one(backend, s, cfg)
-            async with lock:
-                if stop.is_set():
-                    return
-                with open(results_path, "a") as f:
-                    f.write(json.dumps(row) + "\n")
-                    f.flush()
-                    os.fsync(f.fileno())
-                new += 1
-                if progress:
-                    progress.update(task, advance=1)
-                if stop_after is not None and new >= stop_after:
-                    stop.set()
+    async def worker() -> None:
+        while todo and not stop.is_set():
+            s = todo.popleft()
+            row, backend_failed = await _run_sample(pool, s, config, reward_cfg, keep_token_ids, sample_timeout_s)
+            if stop_after is not None and state["new"] >= stop_after:
+                return  # simulated kill: what was in flight is lost, as in a real one
+            await writer.write(row)  # on disk before it counts
+            state["new"] += 1
+            tally["n"] += 1
+            tally["score"] += float(row.get("score") or 0)
+            tally["err"] += bool(row.get("error"))
+            state["backend_fail_streak"] = state["backend_fail_streak"] + 1 if backend_failed else 0
+            if backend_failed:
+                state["last_error"] = row["error"]
+            if prog is not None:
+                prog.update(task, advance=1, status=status())
+            if stop_after is not None and state["new"] >= stop_after:
+                stop.set()
+            if state["backend_fail_streak"] >= max_consecutive_backend_errors:
+                stop.set()
 
-    await asyncio.gather(*[worker(s) for s in todo])
-    return write_summary(out, {s.id for s in todo_all})
+    tasks = [asyncio.create_task(worker()) for _ in range(min(concurrency, max(len(todo), 1)))]
+    try:
+        finished_tasks, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for t in pending:  # a bug in one sample: stop the others before closing the file
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for t in finished_tasks:
+            if t.exception() is not None:
+                raise t.exception()
+    finally:
+        for t in tasks:
+            t.cancel()
+        writer.close()
+        if own_prog:
+            prog.stop()
+        if created:
+            for b in pool.backends:
+                await b.aclose()
+    if state["backend_fail_streak"] >= max_consecutive_backend_errors:
+        raise EvalAborted(f"the model failed on {state['backend_fail_streak']} samples in a row (last: "
+                          f"{state['last_error']}); results so far are in {results}; rerun to resume")
+    return write_summary(out, [s.id for s in targets], bench=bench, missing=len(missing))
 
 
-def write_summary(out: Path, ids: set[str] | None = None) -> dict:
-    rows = read_results(out / "results.jsonl")
+def write_summary(out: str | Path, ids: Sequence[str] | None = None, bench: str | None = None,
+                  missing: int | None = None) -> dict:
+    """Summarise results.jsonl (the latest row of each id in `ids`, or all) into summary.json/md."""
+    out = Path(out)
+    rows_by_id = latest_rows(read_results(out / RESULTS, repair=False))
+    rows = [rows_by_id[i] for i in ids if i in rows_by_id] if ids is not None else list(rows_by_id.values())
+    if bench is None and rows:
+        bench = rows[0].get("bench")
+    spec = BENCHMARKS.get(bench or "")
+    summary = summarize(rows, spec.breakdowns if spec else ("duration", "task"), spec.headline if spec else None)
+    summary["bench"] = bench
     if ids is not None:
-        rows = [r for r in rows if r["id"] in ids]
-    summary = summarize(rows)
+        summary["pending"] = len(ids) - len(rows)
+    if missing is not None:
+        summary["missing_videos"] = missing
     (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
-    (out / "summary.md").write_text(markdown(summary, f"eval {out.name}"))
+    (out / "summary.md").write_text(markdown(summary, f"{bench or 'eval'} · {out.name}"))
     return summary
 
 
-def run_eval(*args, **kwargs) -> dict:
-    return asyncio.run(run_eval_async(*args, **kwargs))
+def run_eval(samples: Sequence[Sample], backends: BackendsArg, config: EpisodeConfig, out_dir: str | Path,
+             **kwargs: Any) -> dict:
+    """`run_eval_async` in a fresh event loop (scripts, tests)."""
+    return asyncio.run(run_eval_async(samples, backends, config, out_dir, **kwargs))

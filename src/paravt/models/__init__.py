@@ -9,6 +9,7 @@ the episode samples frames itself and sends them as images, so the video process
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +26,27 @@ class VLProcessor:
     image_processor: Any
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
+        """Tokenizer (with chat template) and image processor, plus the processor/video-processor
+        entries a Qwen3-VL checkpoint carries, so tools that have torchvision (vLLM, AutoProcessor)
+        can load the directory as a whole Qwen3-VL processor."""
         self.tokenizer.save_pretrained(path)
         self.image_processor.save_pretrained(path)
+        ip = self.image_processor
+        pre = Path(path) / "preprocessor_config.json"
+        cfg = json.loads(pre.read_text())
+        cfg["processor_class"] = "Qwen3VLProcessor"
+        pre.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        video = {
+            "video_processor_type": "Qwen3VLVideoProcessor",
+            "processor_class": "Qwen3VLProcessor",
+            "patch_size": ip.patch_size,
+            "merge_size": ip.merge_size,
+            "temporal_patch_size": ip.temporal_patch_size,
+            "image_mean": list(ip.image_mean),
+            "image_std": list(ip.image_std),
+            "size": dict(ip.size),
+        }
+        (Path(path) / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2, sort_keys=True) + "\n")
 
     @classmethod
     def from_pretrained(cls, path: str, **kwargs) -> "VLProcessor":
@@ -45,19 +65,28 @@ class VLProcessor:
         return (height // patch) * (width // patch) // (merge * merge)
 
 
-def load_model(path_or_id: str, device: str | None = None, dtype: str | None = None):
-    """(model, processor) from a local directory or a hub id already in the local cache.
+_DTYPES = ("bf16", "bfloat16", "fp16", "float16", "fp32", "float32")
 
-    The same path serves the shipped tiny model and Qwen/Qwen3-VL-8B-Instruct or ParaVT/ParaVT-8B."""
+
+def load_model(path_or_id: str, device: str | None = None, dtype: str | None = None,
+               allow_download: bool = False):
+    """(model, processor) from a local directory or a hub id (`Qwen/Qwen3-VL-8B-Instruct`,
+    `ParaVT/ParaVT-8B`): one code path for the tiny model and real checkpoints.
+
+    Hub ids are read from the local Hugging Face cache only, unless `allow_download` (this project
+    never downloads by itself). device None: cuda when available, else cpu; dtype None: bf16 on
+    cuda, fp32 on cpu."""
     import torch
     from transformers import Qwen3VLForConditionalGeneration
 
+    if dtype is not None and dtype not in _DTYPES:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; choose from {', '.join(_DTYPES)}")
     local = Path(path_or_id).expanduser()
     kwargs: dict = {}
     if not local.exists():
-        if "/" not in path_or_id or path_or_id.startswith((".", "/", "~")):
+        if path_or_id.count("/") != 1 or path_or_id.startswith((".", "/", "~")):
             raise ModelLoadError(f"model path {path_or_id!r} does not exist")
-        kwargs["local_files_only"] = os.environ.get("HF_HUB_OFFLINE", "0") == "1" or True
+        kwargs["local_files_only"] = not allow_download
     elif not (local / "config.json").exists():
         raise ModelLoadError(f"{local} has no config.json: not a transformers model directory")
     source = str(local) if local.exists() else path_or_id
@@ -70,11 +99,14 @@ def load_model(path_or_id: str, device: str | None = None, dtype: str | None = N
     try:
         processor = VLProcessor.from_pretrained(source, **kwargs)
         model = Qwen3VLForConditionalGeneration.from_pretrained(source, dtype=torch_dtype, **kwargs)
-    except OSError as e:
-        raise ModelLoadError(
-            f"cannot load {path_or_id!r}: {e}. Hub ids load only when already in the local cache "
-            "(download them once with `huggingface-cli download` where a network is available)."
-        ) from None
+    except (OSError, ValueError) as e:  # missing files / not in cache / unreadable config
+        if not local.exists() and not allow_download:
+            raise ModelLoadError(
+                f"{path_or_id!r} is not a local directory and was not found locally in the Hugging Face cache. "
+                "Hub ids load only from the cache: download once with `huggingface-cli download "
+                f"{path_or_id}` where a network is available, or pass a checkpoint directory."
+            ) from None
+        raise ModelLoadError(f"cannot load {path_or_id!r}: {e}") from None
     model.to(device)
     model.eval()
     return model, processor

@@ -8,6 +8,7 @@ single tokens. Saved with `save_pretrained`, the directory loads back through th
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
@@ -69,10 +70,10 @@ def _corpus() -> list[str]:
     return texts * 3
 
 
-def build_tokenizer(vocab_size: int = 3000):
-    """A PreTrainedTokenizerFast over a byte-level BPE with Qwen special tokens and our tags."""
+@functools.lru_cache(maxsize=4)
+def _trained_bpe(vocab_size: int) -> str:
+    """The trained tokenizer as JSON (training is deterministic; cached because tests build often)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -84,8 +85,17 @@ def build_tokenizer(vocab_size: int = 3000):
         show_progress=False,
     )
     tok.train_from_iterator(_corpus(), trainer)
+    return tok.to_str()
+
+
+def build_tokenizer(vocab_size: int = 3000):
+    """A PreTrainedTokenizerFast over a byte-level BPE with Qwen special tokens and our tags, each a
+    single token, and the Qwen chat template."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
+        tokenizer_object=Tokenizer.from_str(_trained_bpe(vocab_size)),
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         additional_special_tokens=[t for t in QWEN_SPECIAL if t not in ("<|im_end|>", "<|endoftext|>")] + OUR_TAGS,
@@ -97,10 +107,16 @@ def build_tokenizer(vocab_size: int = 3000):
     return fast
 
 
-def build_processor(tokenizer, max_pixels: int = 50176, min_pixels: int = 784):
+def build_processor(tokenizer, max_pixels: int | None = None, min_pixels: int | None = None):
+    """Tokenizer + Qwen2-VL image processor (patch 16, merge 2, temporal patch 2: Qwen3-VL's) with the
+    pixel budget of paravt.video, so frames the episode sampled are never resized again."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     from paravt.models import VLProcessor
+    from paravt.video import MAX_PIXELS, MIN_PIXELS
+
+    max_pixels = MAX_PIXELS if max_pixels is None else max_pixels
+    min_pixels = MIN_PIXELS if min_pixels is None else min_pixels
 
     image_processor = Qwen2VLImageProcessorPil(
         size={"shortest_edge": min_pixels, "longest_edge": max_pixels}, patch_size=16, merge_size=2, temporal_patch_size=2
@@ -169,6 +185,8 @@ def build_tiny(seed: int = 0, size: str = "tiny"):
 
 
 def save_pretrained(model, processor, path: str | Path) -> Path:
+    """Write a checkpoint directory laid out like Qwen's (config, safetensors, tokenizer, chat
+    template, image and video preprocessor configs) that `load_model` reads offline."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)

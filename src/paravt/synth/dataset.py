@@ -1,19 +1,29 @@
-"""Writing a SynthVT split: videos, RL parquet, SFT oracle rows, annotations, visibility table."""
+"""Writing a SynthVT split: MP4 videos, ParaVT-Parquet RL rows, oracle SFT rows, structured
+oracle trajectories, annotations, and the visibility table (the tool-necessity dial).
+
+Layout of a split directory:
+  videos/<split>_<index>.mp4   H.264 videos
+  rl.parquet                   ParaVT-Parquet RL rows (paravt.data.load_rl_rows reads them)
+  sft.parquet                  oracle rows, "main" and "sub" (messages as a JSON string)
+  oracle.jsonl                 the trajectories as structured data (oracle.Trajectory)
+  annotations.jsonl            one video per line: scenes, events, visible events per K
+  visibility.json              the dial, as printed by `paravt synth`
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from paravt.synth.oracle import make_trajectory, to_sft_rows
-from paravt.synth.questions import make_questions, visible_events
+from paravt.synth.questions import evidence_visible, make_questions, predicted_visibility, visible_events
 from paravt.synth.render import VideoSpec, make_spec, write_video
 
-SPLITS = {"train": 1, "test": 2, "val": 3}
-K_VALUES = (4, 8, 16, 32, 64)
+SPLITS = {"train": 1, "test": 2, "val": 3}  # each split draws from its own seed stream
+K_VALUES = (4, 8, 16, 32, 64)  # the overview budgets of nFrames gating
 
 
 @dataclass
@@ -25,18 +35,50 @@ class SynthConfig:
     max_len: float = 600.0
     fps: int = 2
     size: int = 64
-    per_video: int = 5
+    per_video: int = 5  # questions per video (one of them a control)
     event_min: float = 1.0
     event_max: float = 8.0
-    oracle_k: tuple[int, ...] = K_VALUES  # overview budgets the oracle trajectories are written for
+    n_events: tuple[int, int] = (2, 5)  # events per video, inclusive range
+    textures: bool = True
+    oracle_k: tuple[int, ...] = K_VALUES  # overview budgets the oracle trajectories are written for (one drawn per question)
 
     def __post_init__(self) -> None:
         if self.split not in SPLITS:
             raise ValueError(f"split must be one of {list(SPLITS)}, got {self.split!r}")
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
         if not 0 < self.min_len <= self.max_len:
-            raise ValueError("need 0 < min_len <= max_len")
+            raise ValueError(f"need 0 < min_len <= max_len, got {self.min_len}, {self.max_len}")
+        if not 0 < self.event_min <= self.event_max:
+            raise ValueError(f"need 0 < event_min <= event_max, got {self.event_min}, {self.event_max}")
         if self.max_len < self.event_max + 4:
             raise ValueError("videos must be longer than the longest event plus 4 s")
+        if self.per_video < 1:
+            raise ValueError(f"per_video must be >= 1, got {self.per_video}")
+        if not 1 <= self.n_events[0] <= self.n_events[1]:
+            raise ValueError(f"need 1 <= n_events[0] <= n_events[1], got {self.n_events}")
+        self.oracle_k = tuple(int(k) for k in self.oracle_k)
+        if not self.oracle_k or min(self.oracle_k) < 1:
+            raise ValueError(f"oracle_k must be a non-empty list of positive frame counts, got {self.oracle_k}")
+
+
+@dataclass
+class SplitSummary:
+    """What `build_split` measured. Fractions are over questions, by K."""
+
+    n_videos: int
+    n_questions: int
+    n_event_questions: int
+    visible: dict[int, float]  # event questions whose answer-bearing events all show in the real overview
+    predicted: dict[int, float]  # mean of the rule of thumb min(1, K d / L)
+    control_visible: dict[int, float]  # controls whose evidence shows in the real overview
+    question_types: dict[str, int] = field(default_factory=dict)
+    oracle_direct: float = 0.0  # share of oracle episodes that answer from the overview
+    oracle_mean_calls: float = 0.0  # crop calls per oracle episode that calls tools
+    sft_rows: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
 def video_seed(seed: int, split: str, index: int) -> int:
@@ -44,88 +86,137 @@ def video_seed(seed: int, split: str, index: int) -> int:
     return int(np.random.SeedSequence([seed, SPLITS[split], index]).generate_state(1)[0])
 
 
-def build_split(out: str | Path, cfg: SynthConfig, progress=None) -> dict:
-    """Write (or finish writing) a split under `out`. Returns the visibility table."""
+def _streams(vseed: int) -> tuple[np.random.Generator, np.random.Generator]:
+    """Question and oracle generators, independent of the spec's stream and of each other."""
+    q, o = np.random.SeedSequence(vseed).spawn(2)
+    return np.random.default_rng(q), np.random.default_rng(o)
+
+
+def build_split(out: str | Path, cfg: SynthConfig, progress=None) -> SplitSummary:
+    """Write (or finish writing) a split under `out`. Resumable: a video already on disk that
+    opens and matches its spec is kept; every table is rewritten (it is deterministic)."""
+    from paravt.agent import EpisodeConfig
     from paravt.video import VideoReader
 
     out = Path(out)
     (out / "videos").mkdir(parents=True, exist_ok=True)
-    rl_rows, sft_rows, annotations, questions = [], [], [], []
-    visible_counts = {k: [0, 0] for k in K_VALUES}
+    ep = EpisodeConfig()  # the sub-agents' frame sampling, as the episode crops
+    ks = sorted(set(K_VALUES) | set(cfg.oracle_k))
+    rl_rows, sft_rows, trajectories, annotations = [], [], [], []
+    n_q = n_event = 0
+    vis = {k: 0 for k in K_VALUES}
+    pred = {k: 0.0 for k in K_VALUES}
+    ctrl = {k: [0, 0] for k in K_VALUES}
+    types: dict[str, int] = {}
+    task = progress.add_task(f"SynthVT {cfg.split}", total=cfg.n) if progress is not None else None
     i = 0
-    task = progress.add_task(f"SynthVT {cfg.split}", total=cfg.n) if progress else None
-    while len(questions) < cfg.n:
+    while n_q < cfg.n:
         vseed = video_seed(cfg.seed, cfg.split, i)
         vid = f"{cfg.split}_{i:05d}"
         spec = make_spec(vseed, min_len=cfg.min_len, max_len=cfg.max_len, fps=cfg.fps, size=cfg.size,
-                         event_len=(cfg.event_min, cfg.event_max))
+                         n_events=cfg.n_events, event_len=(cfg.event_min, cfg.event_max), textures=cfg.textures)
         rel = f"videos/{vid}.mp4"
-        path = out / rel
-        reader = _valid(path)
-        if reader is None:  # resumable: a finished video is kept, a missing or broken one rewritten
-            write_video(spec, path)
-            reader = VideoReader(path)
-        rng = np.random.default_rng(vseed)
-        qs = make_questions(spec, vid, rng, cfg.per_video)[: cfg.n - len(questions)]
-        overviews = {k: [f for f in _overview_times(reader, k)] for k in sorted(set(K_VALUES) | set(cfg.oracle_k))}
-        for q in qs:
-            if q.needs_event:
-                for k in K_VALUES:
-                    vis = all(any(s <= t < e for t in overviews[k]) for s, e in q.evidence)
-                    visible_counts[k][0] += int(vis)
-                    visible_counts[k][1] += 1
-            extra = {"id": q.id, "answer": q.answer, "question_type": q.question_type, "kind": q.kind,
-                     "options": q.options, "evidence": q.evidence, "needs_event": q.needs_event, "video_id": vid,
-                     "duration": spec.duration}
-            rl_rows.append({"prompt": [{"role": "user", "content": "<video>\n" + q.question}],
-                            "videos": [{"video": rel}], "extra_info": json.dumps(extra, sort_keys=True)})
-            k = int(cfg.oracle_k[int(rng.integers(len(cfg.oracle_k)))])
-            traj = make_trajectory(spec, q, overviews[k], rng)
-            sft_rows += to_sft_rows(traj, q, rel, spec.duration)
-            questions.append(q)
-        annotations.append({"video_id": vid, "video": rel, **spec.to_dict(),
-                            "visible_at_k": {k: [e.name for e in visible_events(spec, overviews[k])] for k in K_VALUES}})
-        reader.close()
-        if progress:
-            progress.update(task, completed=len(questions))
+        reader = _valid(out / rel, spec)
+        if reader is None:  # missing, broken, or made with other settings: (re)write it
+            write_video(spec, out / rel)
+            reader = VideoReader(out / rel)
+        q_rng, o_rng = _streams(vseed)
+        try:
+            overviews = {k: [f.timestamp for f in reader.overview(k)] for k in ks}  # real decoded timestamps
+            qs = make_questions(spec, vid, q_rng, cfg.per_video, {k: overviews[k] for k in K_VALUES})
+            qs = qs[: cfg.n - n_q]
+
+            def crop_times(a: float, b: float) -> list[float]:
+                return [f.timestamp for f in reader.crop(a, b, fps=ep.sub_fps, max_frames=ep.sub_max_frames)]
+
+            for q in qs:
+                seen = {k: evidence_visible(spec, q, overviews[k]) for k in K_VALUES}
+                if q.needs_event:
+                    n_event += 1
+                    for k in K_VALUES:
+                        vis[k] += seen[k]
+                        pred[k] += predicted_visibility(spec, q, k)
+                else:
+                    for k in K_VALUES:
+                        ctrl[k][0] += seen[k]
+                        ctrl[k][1] += 1
+                types[q.question_type] = types.get(q.question_type, 0) + 1
+                extra = {"id": q.id, "answer": q.answer, "question_type": q.question_type, "kind": q.kind,
+                         "answer_text": q.answer_text, "options": q.options, "events": q.events,
+                         "evidence": q.evidence, "needs_event": q.needs_event, "video_id": vid,
+                         "duration": spec.duration, "split": cfg.split,
+                         "overview_visible": {str(k): bool(v) for k, v in seen.items()}}
+                rl_rows.append({"id": q.id, "prompt": [{"role": "user", "content": "<video>\n" + q.question}],
+                                "videos": [{"video": rel}], "extra_info": json.dumps(extra, sort_keys=True)})
+                k = int(cfg.oracle_k[int(o_rng.integers(len(cfg.oracle_k)))])
+                traj = make_trajectory(spec, q, overviews[k], crop_times, o_rng, ep.max_parallel)
+                trajectories.append({"video": rel, **traj.to_dict()})
+                sft_rows += to_sft_rows(traj, q, rel, spec.duration, ep)
+            n_q += len(qs)
+            annotations.append({"video_id": vid, "video": rel, **spec.to_dict(),
+                                "visible_at_k": {str(k): [e.name for e in visible_events(spec, overviews[k])]
+                                                 for k in K_VALUES}})
+        finally:
+            reader.close()
+        if progress is not None:
+            progress.update(task, completed=n_q)
         i += 1
+
     _write_parquet(out / "rl.parquet", rl_rows)
     _write_parquet(out / "sft.parquet", [{**r, "messages": json.dumps(r["messages"])} for r in sft_rows])
-    with open(out / "annotations.jsonl", "w") as f:
-        for a in annotations:
-            f.write(json.dumps(a, sort_keys=True) + "\n")
-    table = {k: (v[0] / v[1] if v[1] else 0.0) for k, v in visible_counts.items()}
-    (out / "visibility.json").write_text(json.dumps({"split": cfg.split, "n_event_questions": visible_counts[4][1],
-                                                     "visible_fraction": table}, indent=1))
-    return table
+    _write_jsonl(out / "oracle.jsonl", trajectories)
+    _write_jsonl(out / "annotations.jsonl", annotations)
+    tool_eps = [t for t in trajectories if not t["direct"]]
+    summary = SplitSummary(
+        n_videos=i, n_questions=n_q, n_event_questions=n_event,
+        visible={k: vis[k] / n_event if n_event else 0.0 for k in K_VALUES},
+        predicted={k: pred[k] / n_event if n_event else 0.0 for k in K_VALUES},
+        control_visible={k: c[0] / c[1] if c[1] else 0.0 for k, c in ctrl.items()},
+        question_types=dict(sorted(types.items())),
+        oracle_direct=1 - len(tool_eps) / len(trajectories),
+        oracle_mean_calls=float(np.mean([len(t["calls"]) for t in tool_eps])) if tool_eps else 0.0,
+        sft_rows={"main": sum(r["kind"] == "main" for r in sft_rows), "sub": sum(r["kind"] == "sub" for r in sft_rows)},
+    )
+    (out / "visibility.json").write_text(json.dumps({"split": cfg.split, **summary.to_dict()}, indent=1) + "\n")
+    return summary
 
 
-def _overview_times(reader, k: int) -> list[float]:
-    """Real timestamps of the frames VideoReader.overview returns (decoded, not computed)."""
-    return [f.timestamp for f in reader.overview(k)]
-
-
-def _valid(path: Path):
+def _valid(path: Path, spec: VideoSpec):
+    """A reader for an existing video that matches the spec, else None."""
     from paravt.video import VideoError, VideoReader
 
     if not path.exists():
         return None
     try:
-        return VideoReader(path)
+        reader = VideoReader(path)
     except VideoError:
         return None
+    info = reader.probe()
+    if abs(info.duration - spec.duration) > 1.0 / spec.fps or (info.width, info.height) != (spec.size, spec.size):
+        reader.close()
+        return None
+    return reader
 
 
 def _write_parquet(path: Path, rows: list[dict]) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    tmp = path.with_suffix(".part")
+    tmp = path.with_name(path.name + ".part")
     pq.write_table(pa.Table.from_pylist(rows), tmp, compression="zstd")
     tmp.replace(path)
 
 
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    tmp = path.with_name(path.name + ".part")
+    with open(tmp, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r, sort_keys=True) + "\n")
+    tmp.replace(path)
+
+
 def load_sft_rows(path: str | Path) -> list[dict]:
+    """Oracle SFT rows with `messages` parsed back into lists."""
     import pyarrow.parquet as pq
 
     rows = pq.read_table(path).to_pylist()
@@ -136,27 +227,14 @@ def load_sft_rows(path: str | Path) -> list[dict]:
 
 
 def load_annotations(path: str | Path) -> dict[str, VideoSpec]:
+    """video_id -> VideoSpec, from annotations.jsonl."""
     out = {}
     for line in Path(path).read_text().splitlines():
         d = json.loads(line)
-        out[d["video_id"]] = VideoSpec.from_dict({k: d[k] for k in ("seed", "duration", "fps", "size", "scenes", "events")})
+        out[d["video_id"]] = VideoSpec.from_dict(d)
     return out
 
 
-def synth_command(out: str, n: int, seed: int, split: str, min_len: float, max_len: float, size: int, fps: int) -> None:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
-
-    cfg = SynthConfig(n=n, seed=seed, split=split, min_len=min_len, max_len=max_len, size=size, fps=fps)
-    console = Console()
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as progress:
-        table = build_split(out, cfg, progress)
-    t = Table(title=f"SynthVT {split}: event questions whose evidence is visible in K uniform overview frames")
-    t.add_column("K")
-    t.add_column("visible")
-    for k, v in table.items():
-        t.add_row(str(k), f"{v:.1%}")
-    console.print(t)
-    console.print(f"wrote {out}/rl.parquet, sft.parquet, annotations.jsonl, videos/")
+def load_trajectories(path: str | Path) -> list[dict]:
+    """oracle.jsonl rows: {"video", **Trajectory.to_dict()}."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

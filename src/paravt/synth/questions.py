@@ -1,7 +1,13 @@
-"""SynthVT questions: each answer follows from the annotations, each names its evidence."""
+"""SynthVT questions: every answer follows from the annotations, every question names the
+events (and time spans) that answer it, and says whether it needs an event at all.
+
+Event questions (needs_event=True) depend on short events that uniform overview frames
+mostly miss at small K. Controls (needs_event=False) ask about the background, which any
+overview shows; they measure the tool-necessity contrast."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -9,109 +15,199 @@ import numpy as np
 from paravt.synth.render import BACKGROUNDS, COLOURS, SHAPES, Event, VideoSpec
 
 LETTERS = "ABCD"
+TYPE_WEIGHTS = {"mcq": 0.5, "tvg": 0.25, "oe": 0.25}  # mix of the event questions of a video
 
 
 @dataclass
 class Question:
     id: str
     video_id: str
-    kind: str  # colour | shape | count | order | when | name | background
+    kind: str  # colour | shape | count | order | when | name | colour_oe | shape_oe | background | background_major
     question_type: str  # mcq | tvg | oe
     question: str  # options included for mcq
-    answer: str
-    options: list[str] = field(default_factory=list)
-    evidence: list[list[float]] = field(default_factory=list)  # [start, end] of what answers it
+    answer: str  # mcq: the letter; tvg: "[start, end]"; oe: short text
+    answer_text: str = ""  # mcq: the correct option's text; otherwise the answer
+    options: list[str] = field(default_factory=list)  # "A. red", ...
+    events: list[int] = field(default_factory=list)  # indices into spec.events this answer depends on
+    evidence: list[list[float]] = field(default_factory=list)  # [start, end] spans that answer it
     needs_event: bool = True
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def _mcq(rng, correct: str, pool: list[str]) -> tuple[list[str], str]:
+def _options(rng: np.random.Generator, correct: str, pool: list[str]) -> tuple[list[str], str]:
+    """Four options (the correct one and three others from the pool), shuffled by the rng."""
     distractors = [p for p in pool if p != correct]
-    picks = list(rng.choice(distractors, size=3, replace=False))
-    opts = picks + [correct]
+    opts = [str(p) for p in rng.choice(distractors, size=3, replace=False)] + [correct]
     rng.shuffle(opts)
     return [f"{LETTERS[i]}. {o}" for i, o in enumerate(opts)], LETTERS[opts.index(correct)]
 
 
-def _with_options(q: str, options: list[str]) -> str:
-    return q + "\n" + "\n".join(options)
+def majority_background(spec: VideoSpec) -> str:
+    """The background colour shown for the longest total time."""
+    total: Counter = Counter()
+    for s in spec.scenes:
+        total[s.colour] += s.end - s.start
+    return max(sorted(total), key=lambda c: total[c])
 
 
-def make_questions(spec: VideoSpec, video_id: str, rng: np.random.Generator, per_video: int = 5) -> list[Question]:
-    """A mix of event questions (mcq / tvg / oe) and one overview-answerable control."""
+def _plurality(colours: list[str]) -> str | None:
+    counts = Counter(colours).most_common()
+    if len(counts) > 1 and counts[0][1] == counts[1][1]:
+        return None
+    return counts[0][0]
+
+
+def make_questions(spec: VideoSpec, video_id: str, rng: np.random.Generator, per_video: int = 5,
+                   overview_times: dict[int, list[float]] | None = None) -> list[Question]:
+    """`per_video - 1` event questions (mcq / tvg / oe by TYPE_WEIGHTS) and one control.
+
+    `overview_times` (K -> real overview timestamps) lets the "most common background" control
+    be asked only when every overview's frame majority shows it; otherwise the control asks
+    for the background at the start, which the first overview frame shows at every K the
+    video was made for (render.CONTROL_MIN_K)."""
+    if per_video < 1:
+        raise ValueError(f"per_video must be >= 1, got {per_video}")
+    ev = spec.events
     qs: list[Question] = []
-    events = spec.events
 
-    def add(kind, qtype, text, answer, options=(), evidence=(), needs_event=True):
+    def add(kind, qtype, text, answer, *, options=(), answer_text="", idx=(), evidence=None, needs_event=True):
+        idx = list(idx)
+        spans = evidence if evidence is not None else [[ev[i].start, ev[i].end] for i in idx]
         qs.append(Question(id=f"{video_id}-q{len(qs)}", video_id=video_id, kind=kind, question_type=qtype,
-                           question=_with_options(text, list(options)) if options else text, answer=answer,
-                           options=list(options), evidence=[list(e) for e in evidence], needs_event=needs_event))
+                           question=text + ("\n" + "\n".join(options) if options else ""), answer=answer,
+                           answer_text=answer_text or answer, options=list(options), events=idx,
+                           evidence=[list(map(float, s)) for s in spans], needs_event=needs_event))
 
-    shapes_once = [e for e in events if sum(x.shape == e.shape for x in events) == 1]
-    colours_once = [e for e in events if sum(x.colour == e.colour for x in events) == 1]
-    candidates = []
-    for e in shapes_once:
-        candidates.append(("colour", e))
-    for e in colours_once:
-        candidates.append(("shape", e))
-    for e in events:
-        candidates.append(("when", e))
-        if sum(x.position == e.position for x in events) == 1:
-            candidates.append(("name", e))
-    if len(events) >= 2:
-        candidates.append(("order", None))
-    candidates.append(("count", None))
-    order = rng.permutation(len(candidates))
-    for i in order[: max(1, per_video - 1)]:
-        kind, e = candidates[int(i)]
+    def unique(attr: str, i: int) -> bool:
+        return sum(getattr(x, attr) == getattr(ev[i], attr) for x in ev) == 1
+
+    cands: dict[str, list[tuple[str, tuple]]] = {"mcq": [], "tvg": [], "oe": []}
+    for i in range(len(ev)):
+        if unique("shape", i):
+            cands["mcq"].append(("colour", (i,)))
+            cands["oe"].append(("colour_oe", (i,)))
+        if unique("colour", i):
+            cands["mcq"].append(("shape", (i,)))
+            cands["oe"].append(("shape_oe", (i,)))
+        if unique("position", i):
+            cands["oe"].append(("name", (i,)))
+        cands["tvg"].append(("when", (i,)))
+    for colour in sorted({e.colour for e in ev}):
+        cands["mcq"].append(("count", tuple(i for i, e in enumerate(ev) if e.colour == colour)))
+    for i in range(len(ev)):
+        for j in range(i + 1, len(ev)):
+            cands["mcq"].append(("order", (i, j)))
+
+    for _ in range(per_video - 1):
+        types = [t for t in TYPE_WEIGHTS if cands[t]]
+        if not types:
+            break
+        w = np.array([TYPE_WEIGHTS[t] for t in types])
+        qtype = types[int(rng.choice(len(types), p=w / w.sum()))]
+        kind, idx = cands[qtype].pop(int(rng.integers(len(cands[qtype]))))
+        e: Event = ev[idx[0]]
         if kind == "colour":
-            opts, ans = _mcq(rng, e.colour, list(COLOURS))
-            add(kind, "mcq", f"What colour was the {e.shape} that appeared in the video?", ans, opts, [(e.start, e.end)])
+            opts, ans = _options(rng, e.colour, list(COLOURS))
+            add(kind, "mcq", f"What colour was the {e.shape} that appeared in the video?", ans, options=opts,
+                answer_text=e.colour, idx=idx)
         elif kind == "shape":
-            opts, ans = _mcq(rng, e.shape, list(SHAPES))
-            add(kind, "mcq", f"Which shape appeared in {e.colour}?", ans, opts, [(e.start, e.end)])
+            opts, ans = _options(rng, e.shape, list(SHAPES))
+            add(kind, "mcq", f"Which shape appeared in {e.colour}?", ans, options=opts, answer_text=e.shape, idx=idx)
+        elif kind == "count":
+            n = len(idx)
+            pool = [str(k) for k in range(1, 5)] if n <= 4 else [str(k) for k in range(n - 3, n + 1)]
+            opts, ans = _options(rng, str(n), pool)
+            add(kind, "mcq", f"How many {e.colour} shapes appeared in the video?", ans, options=opts,
+                answer_text=str(n), idx=idx)
+        elif kind == "order":
+            a, b = (ev[i] for i in idx)
+            pair = [f"the {a.name}", f"the {b.name}"]
+            if rng.random() < 0.5:
+                pair.reverse()
+            first = f"the {min((a, b), key=lambda x: x.start).name}"
+            opts, ans = _options(rng, first, [pair[0], pair[1], "both at the same time", "neither appeared"])
+            add(kind, "mcq", f"Which appeared first, {pair[0]} or {pair[1]}?", ans, options=opts, answer_text=first,
+                idx=idx)
         elif kind == "when":
-            add(kind, "tvg", f"When does the {e.colour} {e.shape} appear?", f"[{e.start:g}, {e.end:g}]",
-                evidence=[(e.start, e.end)])
+            add(kind, "tvg", f"When does the {e.name} appear?", f"[{e.start:g}, {e.end:g}]", idx=idx)
         elif kind == "name":
             add(kind, "oe", f"What coloured shape appeared at the {e.position} of the frame? Answer with its colour "
-                "and shape.", f"{e.colour} {e.shape}", evidence=[(e.start, e.end)])
-        elif kind == "order":
-            a, b = (events[j] for j in sorted(rng.choice(len(events), size=2, replace=False)))
-            first, second = (a, b) if a.start < b.start else (b, a)
-            names = [f"the {a.colour} {a.shape}", f"the {b.colour} {b.shape}"]
-            if rng.random() < 0.5:
-                names.reverse()
-            opts = [f"A. {names[0]}", f"B. {names[1]}"]
-            ans = "A" if names[0] == f"the {first.colour} {first.shape}" else "B"
-            add(kind, "mcq", "Which appeared first?", ans, opts, [(a.start, a.end), (b.start, b.end)])
-        elif kind == "count":
-            colour = str(rng.choice(sorted({e.colour for e in events}) if rng.random() < 0.8 else list(COLOURS)))
-            n = sum(e.colour == colour for e in events)
-            pool = ["0", "1", "2", "3"]
-            opts = [f"{LETTERS[i]}. {p}" for i, p in enumerate(pool)]
-            add(kind, "mcq", f"How many {colour} shapes appeared in the video?", LETTERS[min(n, 3)], opts,
-                [(e.start, e.end) for e in events if e.colour == colour] or [(0.0, spec.duration)])
-    first = spec.scenes[0]
-    opts, ans = _mcq(rng, first.colour, list(BACKGROUNDS))
-    add("background", "mcq", "What is the background colour at the very start of the video?", ans, opts,
-        [(first.start, first.end)], needs_event=False)
+                "and shape.", e.name, idx=idx)
+        elif kind == "colour_oe":
+            add(kind, "oe", f"What colour was the {e.shape}? Answer with one word.", e.colour, idx=idx)
+        elif kind == "shape_oe":
+            add(kind, "oe", f"What shape appeared in {e.colour}? Answer with one word.", e.shape, idx=idx)
+
+    major = majority_background(spec)
+    major_ok = overview_times is not None and len({s.colour for s in spec.scenes}) > 1 and all(
+        _plurality([spec.scene_at(t).colour for t in times]) == major for times in overview_times.values())
+    if major_ok and rng.random() < 0.5:
+        opts, ans = _options(rng, major, list(BACKGROUNDS))
+        spans = [[s.start, s.end] for s in spec.scenes if s.colour == major]
+        add("background_major", "mcq", "Which background colour is shown for most of the video?", ans, options=opts,
+            answer_text=major, evidence=spans, needs_event=False)
+    else:
+        first = spec.scenes[0]
+        opts, ans = _options(rng, first.colour, list(BACKGROUNDS))
+        add("background", "mcq", "What is the background colour at the very start of the video?", ans, options=opts,
+            answer_text=first.colour, evidence=[[first.start, first.end]], needs_event=False)
     return qs
 
 
-def describe_window(spec: VideoSpec, start: float, end: float) -> str:
-    """The factual summary a perfect sub-agent gives of [start, end] (oracle teacher text)."""
-    seen = [e for e in spec.events if e.start < end and start < e.end]
-    scenes = [s.colour for s in spec.scenes if s.start < end and start < s.end]
-    bg = " then ".join(dict.fromkeys(scenes)) or spec.scene_at(start).colour
-    if not seen:
-        return f"No shapes appear between {start:.1f} and {end:.1f} seconds. Background: {bg}."
-    parts = [f"At {max(e.start, start):.1f}-{min(e.end, end):.1f} seconds a {e.colour} {e.shape} appears at the "
-             f"{e.position}." for e in seen]
-    return " ".join(parts) + f" Background: {bg}."
+def evidence_visible(spec: VideoSpec, q: Question, times: list[float]) -> bool:
+    """The frames at `times` show what answers q: every event it depends on appears in at
+    least one of them (controls: one frame of each evidence span, i.e. of the scene asked about;
+    for the majority background, the frames' own majority)."""
+    if q.kind == "background_major":
+        return _plurality([spec.scene_at(t).colour for t in times]) == q.answer_text
+    if q.needs_event:
+        return all(any(spec.events[i].visible_at(t) for t in times) for i in q.events)
+    return all(any(s <= t < e for t in times) for s, e in q.evidence)
+
+
+def predicted_visibility(spec: VideoSpec, q: Question, k: int) -> float:
+    """The dial's rule of thumb: an event of duration d is in K uniform frames of an L-second
+    video with probability about min(1, K d / L); all of a question's events, their product."""
+    p = 1.0
+    for i in q.events:
+        e = spec.events[i]
+        p *= min(1.0, k * (e.end - e.start) / spec.duration)
+    return p
 
 
 def visible_events(spec: VideoSpec, times: list[float]) -> list[Event]:
-    return [e for e in spec.events if any(e.start <= t < e.end for t in times)]
+    """Events shown by at least one of the frames at `times`."""
+    return [e for e in spec.events if any(e.visible_at(t) for t in times)]
+
+
+def article(phrase: str) -> str:
+    """'a red circle', 'an orange star'."""
+    return ("an " if phrase[:1].lower() in "aeiou" else "a ") + phrase
+
+
+def _span(times: list[float]) -> str:
+    a, b = min(times), max(times)
+    return f"{a:.1f} seconds" if a == b else f"{a:.1f}-{b:.1f} seconds"
+
+
+def describe_frames(spec: VideoSpec, times: list[float]) -> str:
+    """The factual summary a perfect sub-agent gives of frames at `times`: only what those
+    frames show (an event between two sampled frames is not reported), with the times of the
+    frames it is seen in, and the background colours in order."""
+    times = sorted(times)
+    parts = []
+    for e in spec.events:
+        seen = [t for t in times if e.visible_at(t)]
+        if seen:
+            parts.append(f"At {_span(seen)} {article(e.name)} appears at the {e.position}.")
+    if not parts:
+        parts.append(f"No shapes appear in the frames from {times[0]:.1f} to {times[-1]:.1f} seconds.")
+    bgs: list[tuple[str, float]] = []
+    for t in times:
+        c = spec.scene_at(t).colour
+        if not bgs or bgs[-1][0] != c:
+            bgs.append((c, t))
+    bg = bgs[0][0] + "".join(f", then {c} from {t:.1f} seconds" for c, t in bgs[1:])
+    return " ".join(parts) + f" Background: {bg}."

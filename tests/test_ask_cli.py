@@ -1,0 +1,178 @@
+"""`paravt ask` as a user runs it: live output, trace, timeline, and one-line errors (exit 2).
+
+The model is the ScriptedBackend (patched in for `make_backend`), so these tests are fast and
+check what is printed; tests/test_cli.py runs `ask` on the real tiny model."""
+
+import json
+import socket
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+import paravt.ask as ask_mod
+from paravt import protocol as P
+from paravt.agent import Episode, EpisodeConfig, run_episode_sync
+from paravt.backends.scripted import ScriptedBackend
+from videotools import make_test_video
+
+runner = CliRunner()
+THINK = "The red shape is not in the overview; two windows may hold it.</think>\n"  # after the forced "<think>\n"
+TURN1 = THINK + P.format_tool_call(5, 15) + "\n" + P.format_tool_call(30, 40)
+ANSWER = "The second window shows the circle.</think><answer>B</answer>"
+
+
+@pytest.fixture(scope="module")
+def video(tmp_path_factory):
+    return make_test_video(tmp_path_factory.mktemp("ask") / "v.mp4", seconds=50, fps=2, gop=10)
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """Patch `make_backend` to hand out a ScriptedBackend; records what it was asked for."""
+    made = []
+
+    def fake(model, *, api_key=None, console=None):
+        b = ScriptedBackend([TURN1, ANSWER], sub=lambda r: f"A red circle moves ({len(r.messages[0].images())} frames).")
+        made.append((model, api_key, b))
+        return b
+
+    monkeypatch.setattr(ask_mod, "make_backend", fake)
+    return made
+
+
+def invoke(*args):
+    from paravt.cli import app
+
+    return runner.invoke(app, ["ask", *map(str, args)])
+
+
+def one_line_error(r, *needles):
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), r.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_ask_prints_the_episode_live_and_writes_trace_and_timeline(video, scripted, tmp_path):
+    trace, png = tmp_path / "out" / "trace.json", tmp_path / "out" / "timeline.png"
+    r = invoke(video, "Which shape was red?\nA. square\nB. circle", "--model", "some/model", "--frames", "8",
+               "--json", trace, "--timeline", png, "--api-key", "k3y", "--temperature", "0.5")
+    assert r.exit_code == 0, r.output
+    out = r.stdout
+    assert "overview: 8 frames over 50.0 s" in out
+    assert "two windows may hold it" in out  # the think
+    assert "2 crop(s) dispatched at once: 5–15 s, 30–40 s" in out
+    assert "sub-agent 1 (5.0–15.0 s" in out and "sub-agent 2 (30.0–40.0 s" in out
+    assert out.count("A red circle moves (10 frames)") == 2
+    assert "answer" in out and "B" in out.split("answer")[-1]
+    assert out.index("think") < out.index("dispatched") < out.index("sub-agent 1") < out.rindex("answer")
+    assert scripted[0][:2] == ("some/model", "k3y")
+    ep = Episode.from_dict(json.loads(trace.read_text()))
+    assert ep.answer == "B" and ep.config.mode == "parallel" and ep.config.temperature == 0.5
+    assert [c.status for c in ep.turns[0].calls] == ["ok", "ok"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+@pytest.mark.parametrize("mode", ["parallel", "sequential", "inline", "none"])
+def test_ask_modes(video, scripted, tmp_path, mode):
+    trace = tmp_path / "t.json"
+    r = invoke(video, "Q?", "--mode", mode, "--frames", "4", "--json", trace, "--max-turns", "3",
+               "--max-parallel", "1" if mode == "parallel" else "5")
+    assert r.exit_code == 0, r.output
+    ep = json.loads(trace.read_text())
+    statuses = [c["status"] for t in ep["turns"] for c in t["calls"]]
+    subagents = [c for t in ep["turns"] for c in t["calls"] if c["generation"]]
+    if mode == "none":
+        assert statuses == [] and len(ep["turns"]) == 1
+    elif mode == "inline":
+        assert statuses == ["ok", "ok"] and subagents == []
+    else:  # sequential: one call per turn; parallel with --max-parallel 1: the same cut
+        assert statuses == ["ok", "skipped"] and len(subagents) == 1
+        assert ("one call per turn" if mode == "sequential" else "at most 1 calls") in r.stdout
+
+
+def test_missing_video_fails_before_any_model_loads(scripted, tmp_path):
+    one_line_error(invoke(tmp_path / "nope.mp4", "Q?"), "no such file")
+    assert scripted == []
+
+
+def test_corrupt_video_is_a_clear_error(scripted, tmp_path):
+    bad = tmp_path / "corrupt.mp4"
+    bad.write_bytes(b"\x00\x00\x00\x18ftypmp42" + b"garbage" * 500)
+    one_line_error(invoke(bad, "Q?"), "not a readable video")
+    assert scripted == []
+
+
+def test_bad_options_are_clear_errors(video, scripted):
+    one_line_error(invoke(video, "Q?", "--mode", "telepathy"), "mode")
+    one_line_error(invoke(video, "Q?", "--question-type", "essay"), "question-type")
+    one_line_error(invoke(video, "Q?", "--max-parallel", "0"), "max_parallel")
+
+
+def test_unreadable_model_path_is_a_clear_error(video, tmp_path):
+    one_line_error(invoke(video, "Q?", "--model", tmp_path / "no-such-model"), "does not exist")
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    r = invoke(video, "Q?", "--model", empty)
+    assert r.exit_code == 2 and r.stderr.startswith("error:"), r.output
+
+
+def test_server_down_is_a_clear_error(video):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t = time.perf_counter()
+    r = invoke(video, "Q?", "--model", f"http://127.0.0.1:{port}", "--frames", "4")
+    one_line_error(r, f"127.0.0.1:{port}")
+    assert time.perf_counter() - t < 60
+
+
+def test_make_backend_choices(monkeypatch, tmp_path):
+    import paravt.backends.hf as hf
+    import paravt.models as models
+    import paravt.models.tiny as tiny
+    from paravt.backends.openai import OpenAIBackend
+
+    made = []
+    monkeypatch.setattr(hf, "HFBackend", lambda m, p: made.append((m, p)) or "hf-backend")
+    monkeypatch.setattr(models, "load_model", lambda path: ("model@" + path, "proc"))
+    monkeypatch.setattr(tiny, "build_tiny", lambda: ("untrained", "proc"))
+    monkeypatch.delenv("PARAVT_MODEL", raising=False)
+    monkeypatch.setattr(ask_mod, "DEFAULT_MODEL", tmp_path / "absent")
+
+    url = ask_mod.make_backend("http://127.0.0.1:9/v1", api_key="x")
+    assert isinstance(url, OpenAIBackend)
+    assert ask_mod.make_backend("org/checkpoint") == "hf-backend" and made[-1][0] == "model@org/checkpoint"
+
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    ask_mod.make_backend(None, console=console)
+    assert made[-1][0] == "untrained" and "untrained tiny" in console.export_text()
+
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    (shipped / "config.json").write_text("{}")
+    monkeypatch.setattr(ask_mod, "DEFAULT_MODEL", shipped)
+    ask_mod.make_backend(None)
+    assert made[-1][0] == f"model@{shipped}"
+    monkeypatch.setenv("PARAVT_MODEL", "env/model")
+    ask_mod.make_backend(None)
+    assert made[-1][0] == "model@env/model"
+
+
+def test_timeline_of_an_episode_with_failures_and_inline_frames(video, tmp_path):
+    import matplotlib.image as mpimg
+
+    from paravt.timeline import draw_timeline
+
+    turn = THINK + P.format_tool_call(5, 15) + P.format_tool_call(90, 99) + "<tool_call>{oops</tool_call>"
+    for mode in ("parallel", "inline"):
+        ep = run_episode_sync(ScriptedBackend([turn, ANSWER], sub="ok"), video, "Q?",
+                              EpisodeConfig(frames=6, mode=mode))
+        assert [c.status for c in ep.turns[0].calls] == ["ok", "error", "error"]
+        png = draw_timeline(ep, tmp_path / f"{mode}.png")
+        img = mpimg.imread(png)
+        assert img.shape[1] == 1100 and img.shape[0] > 300  # 10 in wide at 110 dpi

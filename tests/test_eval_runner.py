@@ -1,0 +1,364 @@
+"""The eval runner over real (small) SynthVT videos with a scripted model: rows are on disk as they
+finish, a killed or interrupted run resumes to the same summary as an uninterrupted one,
+settings cannot be mixed, several backends are used at once, failures are counted not fatal."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from paravt.agent import EpisodeConfig
+from paravt.backends.base import BackendError
+from paravt.backends.scripted import ScriptedBackend
+from paravt.eval.benchmarks import MissingVideo, load_benchmark
+from paravt.eval.runner import EvalAborted, ManifestMismatch, read_results, run_eval
+
+CFG = EpisodeConfig(frames=4, max_turns=2, max_new_tokens=64)
+
+
+def script(req):
+    """A deterministic 'model': calls two crops on some questions, then answers from the question."""
+    q = req.messages[1].text()
+    first_turn = len(req.messages) == 2
+    if first_turn and len(q) % 3 == 0:
+        return ('<think>I should look closer.</think>'
+                '<tool_call>{"name": "crop_video", "arguments": {"start_time": 0, "end_time": 8}}</tool_call>'
+                '<tool_call>{"name": "crop_video", "arguments": {"start_time": 8, "end_time": 16}}</tool_call>')
+    if "When does" in q:
+        return "<think>It shows up early.</think><answer>10 - 20</answer>"
+    if "Answer with a short phrase" in q:
+        return "<think>A colour and a shape.</think><answer>red circle</answer>"
+    return f"<think>Guessing.</think><answer>{'ABCD'[len(q) % 4]}</answer>"
+
+
+def make_backend(latency_s: float = 0.0) -> ScriptedBackend:
+    return ScriptedBackend(script, sub="A red circle moves from left to right.", latency_s=latency_s)
+
+
+QUESTIONS = [  # (question, type, answer, options)
+    ("What colour was the square?", "mcq", "B", ["A. red", "B. blue", "C. green", "D. white"]),
+    ("Which shape appeared first in the video?", "mcq", "A", ["A. circle", "B. square", "C. star", "D. ring"]),
+    ("When does the red circle appear?", "tvg", "[10, 18]", []),
+    ("How many shapes crossed the frame?", "mcq", "C", ["A. 1", "B. 2", "C. 3", "D. 4"]),
+    ("What coloured shape appeared at the top left of the frame?", "oe", "red circle", []),
+    ("When does the blue square appear?", "tvg", "[2, 6.5]", []),
+    ("Which shape appeared in green?", "mcq", "D", ["A. circle", "B. square", "C. star", "D. triangle"]),
+    ("What is shown last?", "oe", "a white ring", []),
+]
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory):
+    """A SynthVT-format split (ParaVT-Parquet RL rows) over three real small videos."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from videotools import make_test_video
+
+    d = tmp_path_factory.mktemp("split")
+    (d / "videos").mkdir()
+    for v, secs in enumerate((24, 30, 36)):
+        make_test_video(d / "videos" / f"v{v}.mp4", seconds=secs, fps=2, size=(48, 64))
+    rows = []
+    for i, (q, qtype, answer, options) in enumerate(QUESTIONS):
+        text = q + ("\n" + "\n".join(options) if options else "")
+        extra = {"id": f"s{i}", "answer": answer, "question_type": qtype, "options": options, "kind": qtype}
+        rows.append({"prompt": [{"role": "user", "content": "<video>\n" + text}],
+                     "videos": [{"video": f"videos/v{i % 3}.mp4"}], "extra_info": json.dumps(extra)})
+    pq.write_table(pa.Table.from_pylist(rows), d / "rl.parquet")
+    return d
+
+
+@pytest.fixture(scope="module")
+def samples(split):
+    return load_benchmark("synthvt", split).samples
+
+
+@pytest.fixture(scope="module")
+def full(samples, tmp_path_factory):
+    out = tmp_path_factory.mktemp("full")
+    return out, run_eval(samples, make_backend(), CFG, out, concurrency=3)
+
+
+def timeless(summary: dict) -> dict:
+    return {k: v for k, v in summary.items() if not k.startswith("latency")}
+
+
+def by_id(out: Path) -> dict:
+    return {r["id"]: (r["prediction"], r["score"], r["n_calls"]) for r in read_results(out / "results.jsonl")}
+
+
+def test_uninterrupted_run(full, samples):
+    out, s = full
+    rows = read_results(out / "results.jsonl")
+    assert len(rows) == len(samples) == s["n"] and s["errors"] == 0 and s["pending"] == 0
+    assert {r["question_type"] for r in rows} >= {"mcq", "tvg"}
+    assert s["mean_tool_calls"] > 0 and 0 < s["tool_usage_rate"] < 100 and "miou" in s and "by_task" in s
+    called = next(r for r in rows if r["n_calls"])
+    ep = called["episode"]
+    assert called["n_executed"] == 2 and len(ep["turns"]) == 2 and len(ep["turns"][0]["calls"]) == 2
+    assert "token_ids" not in ep["turns"][0]["generation"]  # id lists are left out of traces by default
+    assert called["prompt_tokens"] > 0 and called["main_visual_tokens"] > 0
+    for name in ("manifest.json", "summary.json", "summary.md", "missing_videos.jsonl"):
+        assert (out / name).is_file()
+    assert json.loads((out / "summary.json").read_text())["n"] == len(samples)
+
+
+def test_rows_reach_disk_before_the_next_sample_runs(samples, tmp_path):
+    out = tmp_path / "r"
+    seen = []
+
+    def watching(req):
+        if len(req.messages) == 2:  # an episode's first model call
+            p = out / "results.jsonl"
+            seen.append(len(p.read_text().splitlines()) if p.exists() else 0)
+        return script(req)
+
+    run_eval(samples[:5], ScriptedBackend(watching), CFG, out, concurrency=1)
+    assert seen == [0, 1, 2, 3, 4]
+
+
+def test_stopped_and_torn_run_resumes_to_the_same_summary(full, samples, tmp_path):
+    out = tmp_path / "part"
+    run_eval(samples, make_backend(), CFG, out, concurrency=3, stop_after=3)
+    assert len(read_results(out / "results.jsonl")) == 3
+    with open(out / "results.jsonl", "a") as f:  # killed in the middle of a write
+        f.write('{"id": "' + samples[-1].id + '", "score": 1.0, "predic')
+    resumed = run_eval(samples, make_backend(), CFG, out, concurrency=3)
+    rows = read_results(out / "results.jsonl")
+    assert len(rows) == len(samples) and len({r["id"] for r in rows}) == len(samples)
+    assert timeless(resumed) == timeless(full[1])
+    assert by_id(out) == by_id(full[0])
+
+
+class Interrupting:
+    """Wraps a backend; the n-th main-agent call raises KeyboardInterrupt (Ctrl-C mid-run)."""
+
+    name = "interrupting"
+
+    def __init__(self, inner, n):
+        self.inner, self.n, self.calls = inner, n, 0
+
+    async def generate(self, requests):
+        if requests[0].role == "main":
+            self.calls += 1
+            if self.calls == self.n:
+                raise KeyboardInterrupt
+        return await self.inner.generate(requests)
+
+    async def aclose(self):
+        return None
+
+
+def test_ctrl_c_loses_nothing(full, samples, tmp_path):
+    out = tmp_path / "int"
+    with pytest.raises(KeyboardInterrupt):
+        run_eval(samples, Interrupting(make_backend(), 6), CFG, out, concurrency=2)
+    kept = read_results(out / "results.jsonl")
+    assert 1 <= len(kept) < len(samples)
+    resumed = run_eval(samples, make_backend(), CFG, out, concurrency=2)
+    assert timeless(resumed) == timeless(full[1]) and by_id(out) == by_id(full[0])
+
+
+KILL_SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+from test_eval_runner import CFG, make_backend
+from paravt.eval.benchmarks import load_benchmark
+from paravt.eval.runner import run_eval
+run_eval(load_benchmark("synthvt", {split!r}).samples, make_backend(latency_s=0.15), CFG, {out!r}, concurrency=2)
+"""
+
+
+def test_sigkill_midway_then_rerun_gives_the_same_summary(full, split, samples, tmp_path):
+    out = tmp_path / "killed"
+    code = KILL_SCRIPT.format(tests=str(Path(__file__).parent), split=str(split), out=str(out))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    results = out / "results.jsonl"
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None:
+        if results.exists() and len(results.read_bytes().splitlines()) >= 2:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert 2 <= len(read_results(results, repair=False)) < len(samples)
+    resumed = run_eval(samples, make_backend(), CFG, out, concurrency=3)
+    assert timeless(resumed) == timeless(full[1]) and by_id(out) == by_id(full[0])
+
+
+def test_manifest_refuses_other_settings_unless_forced(samples, tmp_path):
+    out = tmp_path / "m"
+    run_eval(samples[:2], make_backend(), CFG, out, model="ckpt-a")
+    with pytest.raises(ManifestMismatch, match="episode"):
+        run_eval(samples[:2], make_backend(), EpisodeConfig(frames=8, max_turns=2), out, model="ckpt-a")
+    with pytest.raises(ManifestMismatch, match="model"):
+        run_eval(samples[:2], make_backend(), CFG, out, model="ckpt-b")
+    s = run_eval(samples[:3], make_backend(), CFG, out, model="ckpt-a")  # a larger limit is the same run
+    assert s["n"] == 3
+    run_eval(samples[:3], make_backend(), EpisodeConfig(frames=8, max_turns=2), out, model="ckpt-a", force=True)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["episode"]["frames"] == 8 and manifest["info"]["forced_over"]["episode"]["frames"] == 4
+    # a directory with a manifest but no result yet: nothing to mix, so other settings are allowed
+    run_eval(samples[:2], make_backend(), CFG, tmp_path / "empty", limit=0)
+    s = run_eval(samples[:2], make_backend(), EpisodeConfig(frames=8, max_turns=2), tmp_path / "empty")
+    assert s["n"] == 2 and json.loads((tmp_path / "empty" / "manifest.json").read_text())["episode"]["frames"] == 8
+
+
+def test_limit_takes_the_first_samples(samples, tmp_path):
+    s = run_eval(samples, make_backend(), CFG, tmp_path / "l", limit=3)
+    assert s["n"] == 3 and {r["id"] for r in read_results(tmp_path / "l" / "results.jsonl")} == \
+        {x.id for x in samples[:3]}
+
+
+def test_error_rows_are_counted_then_retried(samples, tmp_path):
+    bad = samples[1].id
+    out = tmp_path / "e"
+    flaky = ScriptedBackend(script, fail_sub=lambda req: True)  # every sub-agent fails: local, not an error row
+
+    def main(req):
+        if samples[1].question.splitlines()[0] in req.messages[1].text():
+            raise BackendError("server said 503")
+        return script(req)
+
+    s = run_eval(samples[:4], ScriptedBackend(main), CFG, out)
+    assert s["errors"] == 1 and s["n"] == 4
+    row = next(r for r in read_results(out / "results.jsonl") if r["id"] == bad)
+    assert row["error"].startswith("BackendError") and row["score"] == 0.0
+    s = run_eval(samples[:4], make_backend(), CFG, out, retry_errors=False)
+    assert s["errors"] == 1
+    s = run_eval(samples[:4], make_backend(), CFG, out)  # default: failed samples are run again
+    assert s["errors"] == 0 and len(read_results(out / "results.jsonl")) == 5
+    s2 = run_eval(samples[:4], flaky, CFG, tmp_path / "subfail")
+    assert s2["errors"] == 0  # a failing sub-agent is a tool error inside the episode, not a failed sample
+
+
+def test_dead_backend_aborts_instead_of_failing_every_sample(samples, tmp_path):
+    def dead(req):
+        raise BackendError("connection refused")
+
+    with pytest.raises(EvalAborted, match="3 samples in a row"):
+        run_eval(samples, ScriptedBackend(dead), CFG, tmp_path / "d", concurrency=1, max_consecutive_backend_errors=3)
+    assert len(read_results(tmp_path / "d" / "results.jsonl")) == 3
+
+
+def test_missing_and_broken_videos(samples, tmp_path):
+    broken = tmp_path / "broken.mp4"
+    broken.write_bytes(b"not a video")
+    xs = [samples[0], type(samples[1])(**{**samples[1].to_dict(), "video_path": str(broken)})]
+    missing = [MissingVideo("gone-1", str(tmp_path / "gone.mp4"))]
+    s = run_eval(xs, make_backend(), CFG, tmp_path / "mv", missing=missing)
+    assert s["n"] == 2 and s["errors"] == 1 and s["missing_videos"] == 1
+    listed = json.loads((tmp_path / "mv" / "missing_videos.jsonl").read_text())
+    assert listed == {"id": "gone-1", "looked_for": str(tmp_path / "gone.mp4")}
+    err = next(r for r in read_results(tmp_path / "mv" / "results.jsonl") if r["error"])
+    assert err["error"].startswith("VideoError")
+
+
+def test_several_backends_are_used_at_once(samples, tmp_path):
+    a, b = make_backend(latency_s=0.05), make_backend(latency_s=0.05)
+    s = run_eval(samples, [a, b], CFG, tmp_path / "two", concurrency=4)
+    assert s["n"] == len(samples) and s["errors"] == 0
+    rows = read_results(tmp_path / "two" / "results.jsonl")
+    assert {r["backend"] for r in rows} == {0, 1}
+    assert sum(1 for r in a.requests if r.role == "main") > 0 and sum(1 for r in b.requests if r.role == "main") > 0
+
+    made = []
+
+    class Closing(ScriptedBackend):
+        closed = False
+
+        async def aclose(self):
+            self.closed = True
+
+    def factory():
+        made.extend([Closing(script), Closing(script)])
+        return made
+
+    run_eval(samples[:2], factory, CFG, tmp_path / "factory")
+    assert len(made) == 2 and all(m.closed for m in made)
+
+
+def test_read_results_repairs_only_the_tail(tmp_path):
+    p = tmp_path / "results.jsonl"
+    p.write_text('{"id": "a"}\n{garbage}\n{"id": "b"}\n{"id": "c", "x"')
+    assert [r["id"] for r in read_results(p)] == ["a", "b"]  # garbled middle line skipped, not fatal
+    assert p.read_text().endswith('{"id": "b"}\n')
+    p.write_text('{"id": "a"}\n{"id": "b"}')  # complete JSON, newline lost
+    assert [r["id"] for r in read_results(p)] == ["a", "b"]
+    assert p.read_text() == '{"id": "a"}\n{"id": "b"}\n'
+
+
+def test_bad_arguments(samples, tmp_path):
+    with pytest.raises(ValueError, match="concurrency"):
+        run_eval(samples, make_backend(), CFG, tmp_path / "x", concurrency=0)
+    with pytest.raises(ValueError, match="no backend"):
+        run_eval(samples, [], CFG, tmp_path / "y")
+
+
+class SlowOn:
+    """A backend that stalls on one question (a hung server or decoder)."""
+
+    name = "slow"
+
+    def __init__(self, inner, needle):
+        self.inner, self.needle = inner, needle
+
+    async def generate(self, requests):
+        import asyncio
+
+        if self.needle in requests[0].messages[-1].text():
+            await asyncio.sleep(30)
+        return await self.inner.generate(requests)
+
+    async def aclose(self):
+        return None
+
+
+def test_a_stalled_sample_times_out_and_the_run_goes_on(samples, tmp_path):
+    needle = samples[2].question.splitlines()[0]
+    t = time.perf_counter()
+    s = run_eval(samples[:4], SlowOn(make_backend(), needle), CFG, tmp_path / "t", concurrency=2, sample_timeout_s=1.0)
+    assert time.perf_counter() - t < 15
+    assert s["n"] == 4 and s["errors"] == 1
+    row = next(r for r in read_results(tmp_path / "t" / "results.jsonl") if r["error"])
+    assert row["id"] == samples[2].id and row["error"].startswith("TimeoutError")
+
+
+def test_cli_run_resume_report_and_errors(split, tmp_path, monkeypatch):
+    """`paravt eval run ...` and the issue's `paravt eval --bench ...` spelling, on a scripted model."""
+    from typer.testing import CliRunner
+
+    import paravt.eval.commands as commands
+    from paravt.cli import app
+
+    monkeypatch.setattr(commands, "make_backends", lambda *a, **k: make_backend())
+    cli = CliRunner()
+    base = ["--bench", "synthvt", "--data", str(split), "--frames", "4", "--max-turns", "2", "--max-new-tokens", "64"]
+    r = cli.invoke(app, ["eval", "run", *base, "--out", str(tmp_path / "par"), "--limit", "3"])
+    assert r.exit_code == 0, r.output
+    assert len(read_results(tmp_path / "par" / "results.jsonl")) == 3 and "score" in r.output
+    r = cli.invoke(app, ["eval", *base, "--out", str(tmp_path / "par")])  # resume, the issue's spelling
+    assert r.exit_code == 0, r.output
+    assert len(read_results(tmp_path / "par" / "results.jsonl")) == 8
+    r = cli.invoke(app, ["eval", *base, "--mode", "none", "--out", str(tmp_path / "par")])
+    assert r.exit_code == 2 and "other settings" in r.output
+    r = cli.invoke(app, ["eval", "run", *base, "--mode", "none", "--out", str(tmp_path / "none")])
+    assert r.exit_code == 0, r.output
+    png, md = tmp_path / "cmp.png", tmp_path / "cmp.md"
+    r = cli.invoke(app, ["eval", "report", str(tmp_path / "par"), str(tmp_path / "none"), "--plot", str(png),
+                         "--md", str(md)])
+    assert r.exit_code == 0, r.output
+    assert png.stat().st_size > 5000 and "par (parallel)" in md.read_text() and "none" in md.read_text()
+    r = cli.invoke(app, ["eval", "report", str(tmp_path / "nothing")])
+    assert r.exit_code == 2 and "summary.json" in r.output
+    r = cli.invoke(app, ["eval", "run", "--bench", "imagenet", "--data", str(split), "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "unknown benchmark" in r.output
+    r = cli.invoke(app, ["eval", "--bench", "synthvt", "--data", str(split)])
+    assert r.exit_code == 2 and "required" in r.output

@@ -1,0 +1,237 @@
+"""The openai backend against local servers on loopback (create_app over a fake Backend, uvicorn in a thread)."""
+
+import asyncio
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from paravt.backends.base import Backend, BackendError, Completion, GenerateRequest, ImagePart, Message, TextPart
+from paravt.backends.openai import OpenAIBackend, image_data_url
+from paravt.serve import create_app, decode_image
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class FakeBackend:
+    """Answers with a description of what it received, so an HTTP round trip can be checked exactly."""
+
+    name = "fake"
+
+    def __init__(self, delay_s: float = 0.0):
+        self.seen: list[GenerateRequest] = []
+        self.fail_next = 0  # this many calls raise BackendError (the server answers 500)
+        self.delay_s = delay_s
+        self.active = 0
+        self.max_active = 0
+
+    async def generate(self, reqs: list[GenerateRequest]) -> list[Completion]:
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        try:
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
+            out = []
+            for r in reqs:
+                self.seen.append(r)
+                if self.fail_next:
+                    self.fail_next -= 1
+                    raise BackendError("transient failure")
+                layout = "".join("I" if isinstance(p, ImagePart) else "T" for m in r.messages for p in m.parts())
+                out.append(Completion(text=f"{layout} prefix={r.prefix!r}", finish_reason="length", prompt_tokens=10,
+                                      visual_tokens=4, completion_tokens=3, token_ids=[7, 8, 9],
+                                      logprobs=[-0.5, -1.0, -2.0]))
+            return out
+        finally:
+            self.active -= 1
+
+    async def aclose(self) -> None:
+        pass
+
+
+class Server:
+    """uvicorn on 127.0.0.1:free port in a daemon thread; stopped on exit."""
+
+    def __init__(self, app):
+        import uvicorn
+
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> "Server":
+        self.thread.start()
+        deadline = time.time() + 20
+        while not self.server.started:
+            if time.time() > deadline or not self.thread.is_alive():
+                raise RuntimeError("test server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture
+def fake():
+    b = FakeBackend()
+    with Server(create_app(b, "fake-model", api_key="k")) as s:
+        yield b, s
+
+
+def frames(n: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, (32, 48, 3), dtype=np.uint8) for _ in range(n)]
+
+
+def msgs(n: int = 2) -> list[Message]:
+    parts: list = []
+    for i, f in enumerate(frames(n)):
+        parts += [TextPart(f"<{i}.0 seconds>"), ImagePart(f, timestamp=float(i))]
+    return [Message("system", "sys"), Message("user", parts + [TextPart("What?")])]
+
+
+def test_fake_is_a_backend():
+    assert isinstance(FakeBackend(), Backend)
+    assert isinstance(OpenAIBackend("http://127.0.0.1:1"), Backend)
+
+
+def test_images_round_trip_exactly_in_order_with_prefix_and_usage(fake):
+    b, s = fake
+    be = OpenAIBackend(s.url, api_key="k")  # model=None: the id comes from /v1/models
+    out = asyncio.run(be.generate([GenerateRequest(msgs(3), prefix="<think>\n", max_new_tokens=5, seed=3,
+                                                   stop=["</answer>"], temperature=0.7, top_p=0.9)]))[0]
+    # text/image order kept, prefix continued, not prepended to the text
+    assert out.text == "TTITITIT prefix='<think>\\n'"
+    assert (out.prompt_tokens, out.visual_tokens, out.completion_tokens, out.finish_reason) == (10, 4, 3, "length")
+    assert out.logprobs is None  # not asked for
+    got = b.seen[-1]
+    assert [m.role for m in got.messages] == ["system", "user"]
+    for sent, back in zip(frames(3), got.messages[1].images()):
+        assert np.array_equal(sent, back.image)
+    assert (got.max_new_tokens, got.seed, got.stop, got.temperature, got.top_p) == (5, 3, ["</answer>"], 0.7, 0.9)
+    # the next turn resends the same frames: encoded once, sent again unchanged
+    asyncio.run(be.generate([GenerateRequest(msgs(3))]))
+    assert be.image_cache.hits == 3
+    for sent, back in zip(frames(3), b.seen[-1].messages[1].images()):
+        assert np.array_equal(sent, back.image)
+
+
+def test_jpeg_frames_decode_close_and_png_exact():
+    f = frames(1)[0]
+    assert np.array_equal(decode_image(image_data_url(f)), f)
+    smooth = np.tile(np.linspace(0, 255, 48, dtype=np.uint8)[None, :, None], (32, 1, 3))
+    back = decode_image(image_data_url(smooth, "jpeg"))
+    assert back.shape == smooth.shape and np.abs(back.astype(int) - smooth).mean() < 4
+    with pytest.raises(BackendError, match="HxWx3 uint8"):
+        image_data_url(np.zeros((4, 4), np.uint8))
+
+
+def test_logprobs_and_token_ids_when_asked(fake):
+    _, s = fake
+    be = OpenAIBackend(s.url, api_key="k", logprobs=True)
+    out = asyncio.run(be.generate([GenerateRequest(msgs(1))]))[0]
+    assert out.logprobs == [-0.5, -1.0, -2.0] and out.token_ids == [7, 8, 9]
+
+
+def test_4xx_is_a_clear_error_without_retries(fake):
+    b, s = fake
+    be = OpenAIBackend(s.url, api_key="wrong", max_retries=3, backoff_s=0.01)
+    with pytest.raises(BackendError, match=r"HTTP 401.*API key"):
+        asyncio.run(be.generate([GenerateRequest(msgs(1))]))
+    assert sum(be.requests_sent.values()) == 1
+    be = OpenAIBackend(s.url, model="other-model", api_key="k", max_retries=3, backoff_s=0.01)
+    with pytest.raises(BackendError, match=r"HTTP 404.*'other-model' is not served"):
+        asyncio.run(be.generate([GenerateRequest(msgs(1))]))
+    assert not b.seen
+
+
+def test_5xx_is_retried_with_backoff(fake):
+    b, s = fake
+    b.fail_next = 2
+    be = OpenAIBackend(s.url, api_key="k", max_retries=3, backoff_s=0.05)
+    t = time.time()
+    out = asyncio.run(be.generate([GenerateRequest(msgs(1))]))[0]
+    assert out.text.startswith("TTIT")
+    assert len(b.seen) == 3 and sum(be.requests_sent.values()) == 3
+    assert time.time() - t >= 0.05 * 0.5 + 0.1 * 0.5  # two backoff sleeps happened
+    b.fail_next = 10
+    with pytest.raises(BackendError, match=r"unreachable after 2 tries.*HTTP 500.*transient failure"):
+        asyncio.run(OpenAIBackend(s.url, api_key="k", max_retries=1, backoff_s=0.01).generate([GenerateRequest(msgs(1))]))
+
+
+def test_dead_server_fails_fast_and_clearly():
+    url = f"http://127.0.0.1:{free_port()}"
+    be = OpenAIBackend(url, model="m", max_retries=2, backoff_s=0.01, timeout_s=2)
+    t = time.time()
+    with pytest.raises(BackendError, match=f"server at {url} unreachable after 3 tries"):
+        asyncio.run(be.generate([GenerateRequest(msgs(1))]))
+    assert time.time() - t < 5
+
+
+def test_slow_server_times_out_then_fails():
+    b = FakeBackend(delay_s=1.0)
+    with Server(create_app(b, "m")) as s:
+        be = OpenAIBackend(s.url, model="m", max_retries=1, backoff_s=0.01, timeout_s=0.2)
+        t = time.time()
+        with pytest.raises(BackendError, match=r"unreachable after 2 tries.*no answer within 0.2 s"):
+            asyncio.run(be.generate([GenerateRequest(msgs(1))]))
+        assert time.time() - t < 1.0
+
+
+def test_concurrency_limit_and_reuse_across_event_loops():
+    b = FakeBackend(delay_s=0.1)
+    with Server(create_app(b, "m")) as s:
+        be = OpenAIBackend(s.url, concurrency=2)
+        for _ in range(2):  # a fresh loop per call, as run_episode_sync and the trainer do
+            outs = asyncio.run(be.generate([GenerateRequest(msgs(1)) for _ in range(6)]))
+            assert len(outs) == 6
+        assert b.max_active == 2
+
+
+def test_endpoints_share_the_load_and_a_dead_one_is_skipped():
+    backs = [FakeBackend(delay_s=0.05), FakeBackend(delay_s=0.05)]
+    with Server(create_app(backs[0], "m")) as s1, Server(create_app(backs[1], "m")) as s2:
+        be = OpenAIBackend(s1.url, endpoints=[s1.url, s2.url], concurrency=2)
+        asyncio.run(be.generate([GenerateRequest(msgs(1)) for _ in range(8)]))
+        before = [len(x.seen) for x in backs]
+        assert sum(before) == 8 and min(before) >= 3
+        # one-at-a-time requests alternate (round-robin on ties), not all on the first endpoint
+        async def one_by_one():
+            for _ in range(4):
+                await be.generate([GenerateRequest(msgs(1))])
+        asyncio.run(one_by_one())
+        assert [len(x.seen) - n for x, n in zip(backs, before)] == [2, 2]
+        dead = f"http://127.0.0.1:{free_port()}"
+        be = OpenAIBackend(dead, model="m", endpoints=[dead, s1.url], max_retries=2, backoff_s=0.01)
+        outs = asyncio.run(be.generate([GenerateRequest(msgs(1)) for _ in range(4)]))
+        assert all(o.text.startswith("TTIT") for o in outs)
+
+
+def test_non_json_success_body_is_a_backend_error():
+    from fastapi import FastAPI
+    from fastapi.responses import PlainTextResponse
+
+    app = FastAPI()
+    app.post("/v1/chat/completions")(lambda: PlainTextResponse("<html>proxy page</html>"))
+    with Server(app) as s:
+        with pytest.raises(BackendError, match="not JSON"):
+            asyncio.run(OpenAIBackend(s.url, model="m").generate([GenerateRequest(msgs(1))]))
+
+
+def test_bad_urls_and_settings_rejected():
+    with pytest.raises(BackendError, match="http"):
+        OpenAIBackend("localhost:8000")
+    with pytest.raises(ValueError):
+        OpenAIBackend("http://127.0.0.1:1", concurrency=0)
