@@ -320,3 +320,36 @@ def test_cli_writes_a_split_and_prints_the_dial(tmp_path):
     assert len(load_rl_rows(tmp_path / "s" / "rl.parquet")) == 6
     bad = CliRunner().invoke(app, ["synth", "--out", str(tmp_path / "b"), "--k-for-oracle", "0"])
     assert bad.exit_code == 2 and "k-for-oracle" in bad.output
+
+
+def test_tile_windows_cover_short_videos_only():
+    from paravt.synth.oracle import tile_windows
+
+    for duration in (20.0, 33.0, 63.5, 64.0, 79.5, 80.0):
+        w = tile_windows(duration, max_parallel=5)
+        assert w[0][0] == 0 and w[-1][1] >= duration
+        assert all(b - a <= 16 and b > a for a, b in w)
+        assert all(w[i][1] == w[i + 1][0] for i in range(len(w) - 1))  # no gap between windows
+    assert tile_windows(81.0, max_parallel=5) is None
+
+
+def test_mini_task_asks_only_chosen_kinds_and_tiles_its_crops(tmp_path):
+    """The shrunk task the shipped tiny model learns: one-word questions, windows that tile."""
+    cfg = SynthConfig(split="train", n=30, seed=5, min_len=60, max_len=80, event_min=1, event_max=4, n_events=(1, 2),
+                      kinds=("colour_oe", "shape_oe"), crop_policy="tile")
+    build_split(tmp_path, cfg)
+    import pandas as pd
+
+    kinds = {json.loads(r["extra_info"])["kind"] for r in pd.read_parquet(tmp_path / "rl.parquet").to_dict("records")}
+    assert kinds & {"colour_oe", "shape_oe"}
+    assert kinds <= {"colour_oe", "shape_oe", "background", "background_major"}
+    tiled = [Trajectory.from_dict(t) for t in load_trajectories(tmp_path / "oracle.jsonl") if not t["direct"]]
+    assert tiled, "some questions need a crop at small K"
+    for t in tiled:
+        calls = [(c.start, c.end) for c in t.calls]
+        assert calls[0][0] == 0 and all(b - a <= 16 for a, b in calls)
+        assert sum(not c.decoy for c in t.calls) >= 1  # the window holding the evidence is marked relevant
+    with pytest.raises(ValueError, match="unknown question kinds"):
+        SynthConfig(kinds=("colour_oe", "texture"))
+    with pytest.raises(ValueError, match="crop_policy"):
+        SynthConfig(crop_policy="grid")

@@ -99,6 +99,14 @@ def serve(
         raise typer.Exit(2) from None
 
 
+def _int_pair(text: str, flag: str) -> tuple[int, int]:
+    try:
+        lo, hi = (int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"{flag} must be two comma-separated integers like 2,5, got {text!r}") from None
+    return lo, hi
+
+
 @app.command()
 def synth(
     out: str = typer.Option(..., help="Output directory."),
@@ -113,14 +121,30 @@ def synth(
     event_min: float = typer.Option(1.0, help="Shortest event, seconds."),
     event_max: float = typer.Option(8.0, help="Longest event, seconds."),
     k_for_oracle: str = typer.Option("4,8,16,32,64", help="Overview sizes K the oracle trajectories use (one drawn per question)."),
+    n_events: str = typer.Option("2,5", help="Events per video, as 'min,max' (inclusive)."),
+    kinds: str = typer.Option("", help="Comma-separated event-question kinds to ask (colour, shape, count, order, when, "
+                              "name, colour_oe, shape_oe); empty: all. The background control is always asked."),
+    preset: str = typer.Option("", help="'mini': SynthVT-mini, the shrunk task the shipped tiny model is trained on "
+                               "(sets the length, event, kind and crop-policy options)."),
+    crop_policy: str = typer.Option("evidence", help="Oracle crop windows: evidence (on the evidence, with decoys) | "
+                                    "tile (equal windows covering a short video)."),
 ) -> None:
     """Write a SynthVT split: MP4 videos, ParaVT-Parquet RL rows, oracle SFT rows, annotations."""
     from paravt.synth.commands import parse_ks, synth_command
     from paravt.synth.dataset import SynthConfig
 
     try:
+        if preset not in ("", "mini"):
+            raise ValueError(f"--preset must be 'mini' or empty, got {preset!r}")
+        if preset == "mini":
+            from paravt.synth.dataset import MINI_TASK
+
+            min_len, max_len, event_min, event_max = (MINI_TASK[k] for k in ("min_len", "max_len", "event_min", "event_max"))
+            n_events, kinds, crop_policy = ",".join(map(str, MINI_TASK["n_events"])), ",".join(MINI_TASK["kinds"]), MINI_TASK["crop_policy"]
         cfg = SynthConfig(n=n, seed=seed, split=split, min_len=min_len, max_len=max_len, size=size, fps=fps,
-                          per_video=per_video, event_min=event_min, event_max=event_max, oracle_k=parse_ks(k_for_oracle))
+                          per_video=per_video, event_min=event_min, event_max=event_max, oracle_k=parse_ks(k_for_oracle),
+                          kinds=tuple(k for k in kinds.replace(' ', '').split(',') if k), crop_policy=crop_policy,
+                          n_events=_int_pair(n_events, '--n-events'))
         synth_command(out, cfg)
     except (ValueError, OSError) as e:
         typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)

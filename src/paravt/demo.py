@@ -21,6 +21,7 @@ def demo(out_dir: str = "outputs/demo", seed: int | None = None, model: str | No
     from paravt.agent import EpisodeConfig, run_episode
     from paravt.ask import live_printer, make_backend
     from paravt.rewards import score_episode
+    from paravt.synth.dataset import MINI_TASK
     from paravt.synth.render import event_mask, make_spec, write_video
     from paravt.timeline import draw_timeline
     from paravt.video import VideoReader
@@ -29,7 +30,9 @@ def demo(out_dir: str = "outputs/demo", seed: int | None = None, model: str | No
     t0 = time.perf_counter()
     seed = int(time.time()) % 100000 if seed is None else seed
     out = Path(out_dir)
-    spec = make_spec(seed, min_len=180, max_len=300)
+    # the shipped tiny model's task (SynthVT-mini): 60-80 s videos, 1-2 short events
+    spec = make_spec(seed, min_len=MINI_TASK["min_len"], max_len=MINI_TASK["max_len"], n_events=MINI_TASK["n_events"],
+                     event_len=(MINI_TASK["event_min"], MINI_TASK["event_max"]))
     path = write_video(spec, out / f"synth_{seed}.mp4")
     reader = VideoReader(path)
     info = reader.probe()
@@ -72,8 +75,9 @@ def demo(out_dir: str = "outputs/demo", seed: int | None = None, model: str | No
 
     console.rule("[bold]4. the parallel episode with a model")
     backend = make_backend(model, console=console)
-    question = f"What colour was the {target.shape} that appeared?"
-    cfg = EpisodeConfig(frames=frames, max_new_tokens=96, sub_max_new_tokens=48, max_turns=3)
+    question = f"What colour was the {target.shape}? Answer with one word."  # a colour_oe question, as trained
+    console.print(f"question: {question}  (truth: {target.colour})")
+    cfg = EpisodeConfig(frames=frames, max_new_tokens=256, sub_max_new_tokens=96, max_turns=3)
 
     async def go():
         try:
@@ -83,6 +87,9 @@ def demo(out_dir: str = "outputs/demo", seed: int | None = None, model: str | No
 
     ep = asyncio.run(go())
     png = draw_timeline(ep, out / f"timeline_{seed}.png")
+    got = (ep.answer or "").strip().lower()
+    console.print(f"answer {ep.answer!r}, truth {target.colour!r}: "
+                  + ("[green]right[/green]" if got == target.colour else "[red]wrong[/red]"))
     console.print(f"calls: {ep.n_parsed_calls} parsed, {ep.n_executed_calls} executed; "
                   f"main-context visual tokens {ep.main_visual_tokens}; timeline: {png}")
     console.print(f"[dim]demo finished in {time.perf_counter() - t0:.1f} s[/dim]")

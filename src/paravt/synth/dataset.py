@@ -19,11 +19,16 @@ from pathlib import Path
 import numpy as np
 
 from paravt.synth.oracle import make_trajectory, to_sft_rows
-from paravt.synth.questions import evidence_visible, make_questions, predicted_visibility, visible_events
+from paravt.synth.questions import EVENT_KINDS, evidence_visible, make_questions, predicted_visibility, visible_events
 from paravt.synth.render import VideoSpec, make_spec, write_video
 
 SPLITS = {"train": 1, "test": 2, "val": 3}  # each split draws from its own seed stream
 K_VALUES = (4, 8, 16, 32, 64)  # the overview budgets of nFrames gating
+# SynthVT-mini: the shrunk task the shipped tiny model learns on 2 CPU cores. Videos short
+# enough that five 16 s crops tile them (so where to look is learnable from the stated
+# duration), 1-4 s events (K=4 sees ~14% of them, K=64 nearly all), one-word questions.
+MINI_TASK = dict(min_len=60.0, max_len=80.0, event_min=1.0, event_max=4.0, n_events=(1, 2),
+                 kinds=("colour_oe", "shape_oe"), crop_policy="tile")
 
 
 @dataclass
@@ -41,6 +46,8 @@ class SynthConfig:
     n_events: tuple[int, int] = (2, 5)  # events per video, inclusive range
     textures: bool = True
     oracle_k: tuple[int, ...] = K_VALUES  # overview budgets the oracle trajectories are written for (one drawn per question)
+    kinds: tuple[str, ...] = ()  # event-question kinds to ask (questions.EVENT_KINDS); empty: all
+    crop_policy: str = "evidence"  # oracle crop windows: on the evidence (+ decoys), or "tile" short videos
 
     def __post_init__(self) -> None:
         if self.split not in SPLITS:
@@ -58,6 +65,12 @@ class SynthConfig:
         if not 1 <= self.n_events[0] <= self.n_events[1]:
             raise ValueError(f"need 1 <= n_events[0] <= n_events[1], got {self.n_events}")
         self.oracle_k = tuple(int(k) for k in self.oracle_k)
+        self.kinds = tuple(self.kinds)
+        unknown = set(self.kinds) - set(EVENT_KINDS)
+        if unknown:
+            raise ValueError(f"unknown question kinds {sorted(unknown)}; known: {', '.join(EVENT_KINDS)}")
+        if self.crop_policy not in ("evidence", "tile"):
+            raise ValueError(f"crop_policy must be 'evidence' or 'tile', got {self.crop_policy!r}")
         if not self.oracle_k or min(self.oracle_k) < 1:
             raise ValueError(f"oracle_k must be a non-empty list of positive frame counts, got {self.oracle_k}")
 
@@ -123,7 +136,7 @@ def build_split(out: str | Path, cfg: SynthConfig, progress=None) -> SplitSummar
         q_rng, o_rng = _streams(vseed)
         try:
             overviews = {k: [f.timestamp for f in reader.overview(k)] for k in ks}  # real decoded timestamps
-            qs = make_questions(spec, vid, q_rng, cfg.per_video, {k: overviews[k] for k in K_VALUES})
+            qs = make_questions(spec, vid, q_rng, cfg.per_video, {k: overviews[k] for k in K_VALUES}, cfg.kinds)
             qs = qs[: cfg.n - n_q]
 
             def crop_times(a: float, b: float) -> list[float]:
@@ -149,7 +162,7 @@ def build_split(out: str | Path, cfg: SynthConfig, progress=None) -> SplitSummar
                 rl_rows.append({"id": q.id, "prompt": [{"role": "user", "content": "<video>\n" + q.question}],
                                 "videos": [{"video": rel}], "extra_info": json.dumps(extra, sort_keys=True)})
                 k = int(cfg.oracle_k[int(o_rng.integers(len(cfg.oracle_k)))])
-                traj = make_trajectory(spec, q, overviews[k], crop_times, o_rng, ep.max_parallel)
+                traj = make_trajectory(spec, q, overviews[k], crop_times, o_rng, ep.max_parallel, cfg.crop_policy)
                 trajectories.append({"video": rel, **traj.to_dict()})
                 sft_rows += to_sft_rows(traj, q, rel, spec.duration, ep)
             n_q += len(qs)

@@ -101,8 +101,19 @@ def _evidence_window(rng: np.random.Generator, s: float, e: float, duration: flo
     return a, min(int(duration), a + length)
 
 
+def tile_windows(duration: float, max_parallel: int = 5, max_len: int = 16) -> list[tuple[int, int]] | None:
+    """Equal integer windows of at most `max_len` s covering [0, duration], or None when that
+    takes more than `max_parallel` calls. A policy that depends only on the stated duration,
+    so a small model can learn it (unlike windows placed on evidence it cannot see)."""
+    n = max(1, math.ceil(duration / max_len))
+    if n > max_parallel:
+        return None
+    edges = [round(i * duration / n) for i in range(n)] + [math.ceil(duration)]
+    return [(a, b) for a, b in zip(edges, edges[1:]) if b > a]
+
+
 def make_trajectory(spec: VideoSpec, q: Question, overview_times: list[float], crop_times: CropTimes,
-                    rng: np.random.Generator, max_parallel: int = 5) -> Trajectory:
+                    rng: np.random.Generator, max_parallel: int = 5, crop_policy: str = "evidence") -> Trajectory:
     """The oracle's episode for question q when the main agent sees `overview_times`.
     `crop_times(start, end)` gives the timestamps of the frames a crop returns (decoded from
     the real file by the caller), so each summary says only what its frames show."""
@@ -116,12 +127,19 @@ def make_trajectory(spec: VideoSpec, q: Question, overview_times: list[float], c
     seen = [i for i in q.events if any(spec.events[i].visible_at(t) for t in overview_times)]
     # grounding crops every event (one frame cannot give start and end); otherwise only the unseen ones
     to_crop = q.events if q.question_type == "tvg" else [i for i in q.events if i not in seen]
-    windows = [(*_evidence_window(rng, spec.events[i].start, spec.events[i].end, spec.duration), False)
-               for i in to_crop[:max_parallel]]
+    if crop_policy not in ("evidence", "tile"):
+        raise ValueError(f"crop_policy must be 'evidence' or 'tile', got {crop_policy!r}")
+    tiles = tile_windows(spec.duration, max_parallel) if crop_policy == "tile" else None
+    if tiles is not None:
+        spans = [(spec.events[i].start, spec.events[i].end) for i in to_crop] or [tuple(q.evidence[0])]
+        windows = [(a, b, not any(a < e and s < b for s, e in spans)) for a, b in tiles]
+    else:
+        windows = [(*_evidence_window(rng, spec.events[i].start, spec.events[i].end, spec.duration), False)
+                   for i in to_crop[:max_parallel]]
     if not windows:  # a control the overview misses (K below the one the video was made for)
         a = int(q.evidence[0][0])
         windows = [(a, max(a + 1, int(min(q.evidence[0][1], a + 16))), False)]
-    n_decoys = int(rng.choice(3, p=[0.6, 0.25, 0.15]))
+    n_decoys = int(rng.choice(3, p=[0.6, 0.25, 0.15])) if tiles is None else 0
     for _ in range(min(n_decoys, max_parallel - len(windows))):
         for _try in range(20):
             length = int(rng.integers(8, 17))

@@ -59,8 +59,12 @@ def _plurality(colours: list[str]) -> str | None:
     return counts[0][0]
 
 
+EVENT_KINDS = ("colour", "shape", "count", "order", "when", "name", "colour_oe", "shape_oe")
+
+
 def make_questions(spec: VideoSpec, video_id: str, rng: np.random.Generator, per_video: int = 5,
-                   overview_times: dict[int, list[float]] | None = None) -> list[Question]:
+                   overview_times: dict[int, list[float]] | None = None,
+                   kinds: tuple[str, ...] = ()) -> list[Question]:
     """`per_video - 1` event questions (mcq / tvg / oe by TYPE_WEIGHTS) and one control.
 
     `overview_times` (K -> real overview timestamps) lets the "most common background" control
@@ -99,6 +103,11 @@ def make_questions(spec: VideoSpec, video_id: str, rng: np.random.Generator, per
     for i in range(len(ev)):
         for j in range(i + 1, len(ev)):
             cands["mcq"].append(("order", (i, j)))
+    if kinds:  # a smaller task: only these event-question kinds (the control is always asked)
+        unknown = set(kinds) - set(EVENT_KINDS)
+        if unknown:
+            raise ValueError(f"unknown question kinds {sorted(unknown)}; known: {', '.join(EVENT_KINDS)}")
+        cands = {t: [c for c in cs if c[0] in kinds] for t, cs in cands.items()}
 
     for _ in range(per_video - 1):
         types = [t for t in TYPE_WEIGHTS if cands[t]]

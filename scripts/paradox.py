@@ -1,0 +1,208 @@
+"""The paradox experiment of issue 5 on SynthVT-mini, end to end and resumable.
+
+From one SFT checkpoint, five RL runs with the same budget (SPEC §5 Table 2 analogue):
+vanilla GRPO, PARA-GRPO with token anchoring, PARA-GRPO with sequence anchoring, anchoring
+only, gating only. Then every final model (and the SFT start) is evaluated on held-out
+SynthVT-mini test videos at K overview frames x dispatch modes. Writes per-step fτ/κ plots,
+an accuracy grid plot and a markdown table under --docs.
+
+    python scripts/paradox.py --sft runs/sft_tiny/checkpoint --train data/mini_train --test data/mini_test
+
+Every stage is a `paravt train grpo` / `paravt eval run` command (printed before it runs),
+so any cell can be rerun by hand; both resume, so rerunning this script continues where it
+stopped. Jobs run `--jobs` at a time, one torch thread each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+VARIANTS = {  # overrides of src/paravt/configs/grpo_tiny.yaml (PARA-GRPO with token anchoring)
+    "vanilla": ["gating=false", "anchoring=off"],
+    "para_token": [],
+    "para_sequence": ["anchoring=sequence"],
+    "anchoring_only": ["gating=false"],
+    "gating_only": ["anchoring=off"],
+}
+LABELS = {"sft": "SFT start", "vanilla": "vanilla GRPO", "para_token": "PARA-GRPO (token anchor)",
+          "para_sequence": "PARA-GRPO (sequence anchor)", "anchoring_only": "anchoring only",
+          "gating_only": "gating only"}
+
+
+def run(cmd: list[str], log: Path) -> int:
+    print("$", shlex.join(cmd), flush=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    with open(log, "a") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+    if rc:
+        print(f"  failed ({rc}); see {log}", flush=True)
+    return rc
+
+
+def train_jobs(a) -> list[tuple[list[str], Path]]:
+    jobs = []
+    for name, overrides in VARIANTS.items():
+        if a.variants and name not in a.variants:
+            continue
+        out = a.out / "rl" / name
+        cmd = [a.paravt, "train", "grpo", "--config", a.config, "-o", f"model={a.sft}",
+               "-o", f"data={a.train}/rl.parquet", "-o", f"out={out}", "-o", f"steps={a.steps}", "-o", "threads=1"]
+        for o in overrides + a.set:
+            cmd += ["-o", o]
+        jobs.append((cmd, out / "train.log"))
+    return jobs
+
+
+def models(a) -> dict[str, str]:
+    out = {"sft": str(a.sft)}
+    for name in VARIANTS:
+        if (not a.variants or name in a.variants) and (a.out / "rl" / name / "checkpoint" / "config.json").exists():
+            out[name] = str(a.out / "rl" / name / "checkpoint")
+    return out
+
+
+def eval_dir(a, model: str, mode: str, k: int) -> Path:
+    return a.out / "eval" / f"{model}__{mode}__k{k}"
+
+
+def eval_jobs(a) -> list[tuple[list[str], Path]]:
+    jobs = []
+    for name, path in models(a).items():
+        for mode in a.modes:
+            for k in a.ks:
+                out = eval_dir(a, name, mode, k)
+                cmd = [a.paravt, "eval", "run", "--bench", "synthvt", "--data", str(a.test), "--model", path,
+                       "--mode", mode, "--frames", str(k), "--out", str(out), "--limit", str(a.limit),
+                       "--concurrency", str(a.concurrency), "--max-new-tokens", str(a.max_new_tokens)]
+                jobs.append((cmd, out / "eval.log"))
+    return jobs
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def smooth(xs: list[float], w: int) -> list[float]:
+    return [sum(xs[max(0, i - w + 1):i + 1]) / len(xs[max(0, i - w + 1):i + 1]) for i in range(len(xs))]
+
+
+def plot(a) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    a.docs.mkdir(parents=True, exist_ok=True)
+    keys = [("f_tau", "fτ (mean format reward)"), ("kappa", "κ (crop calls per rollout)"),
+            ("accuracy", "rollout accuracy")]
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.8))
+    rl_rows = []
+    for name in VARIANTS:
+        log = [r for r in read_jsonl(a.out / "rl" / name / "log.jsonl") if "f_tau" in r]
+        if not log:
+            continue
+        steps = [r["step"] for r in log]
+        for ax, (key, title) in zip(axes, keys):
+            ax.plot(steps, smooth([r[key] for r in log], a.smooth), label=LABELS[name])
+            ax.set_title(title)
+            ax.set_xlabel("RL step")
+        first, last = log[: max(1, len(log) // 5)], log[-max(1, len(log) // 5):]
+        mean = lambda rows, k: sum(r[k] for r in rows) / len(rows)  # noqa: E731
+        rl_rows.append((name, len(log), mean(first, "f_tau"), mean(last, "f_tau"), mean(first, "kappa"),
+                        mean(last, "kappa"), mean(first, "accuracy"), mean(last, "accuracy")))
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"PARA-GRPO ablations on SynthVT-mini (moving average over {a.smooth} steps)")
+    fig.tight_layout()
+    fig.savefig(a.docs / "paradox_rl.png", dpi=110)
+    plt.close(fig)
+
+    grid: dict[str, dict[tuple[str, int], dict]] = {}
+    for name in ["sft", *VARIANTS]:
+        for mode in a.modes:
+            for k in a.ks:
+                p = eval_dir(a, name, mode, k) / "summary.json"
+                if p.exists():
+                    grid.setdefault(name, {})[(mode, k)] = json.loads(p.read_text())
+    if grid:
+        fig, axes = plt.subplots(1, len(grid), figsize=(3.2 * len(grid), 3.4), squeeze=False)
+        for ax, (name, cells) in zip(axes[0], grid.items()):
+            m = [[_acc(cells.get((mode, k))) for mode in a.modes] for k in a.ks]
+            ax.imshow([[v if v is not None else float("nan") for v in row] for row in m], vmin=0, vmax=100, cmap="viridis")
+            for i, row in enumerate(m):
+                for j, v in enumerate(row):
+                    ax.text(j, i, "-" if v is None else f"{v:.0f}", ha="center", va="center", color="w", fontsize=9)
+            ax.set_xticks(range(len(a.modes)), a.modes, rotation=30, fontsize=8)
+            ax.set_yticks(range(len(a.ks)), [f"K={k}" for k in a.ks], fontsize=8)
+            ax.set_title(LABELS[name], fontsize=9)
+        fig.suptitle("SynthVT-mini test accuracy (%) by overview frames K and dispatch mode")
+        fig.tight_layout()
+        fig.savefig(a.docs / "paradox_accuracy.png", dpi=110)
+        plt.close(fig)
+
+    lines = ["# The paradox on SynthVT-mini", "", "Written by `scripts/paradox.py`; numbers from its runs.", "",
+             f"## RL runs ({a.steps} steps each; first vs last fifth of the steps)", "",
+             "| run | steps | fτ first | fτ last | κ first | κ last | acc first | acc last |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {LABELS[n]} | {s} | {f0:.3f} | {f1:.3f} | {k0:.2f} | {k1:.2f} | {a0:.3f} | {a1:.3f} |"
+              for n, s, f0, f1, k0, k1, a0, a1 in rl_rows]
+    lines += ["", f"## Test accuracy (%), {a.limit} questions per cell (crops per episode in brackets)", "",
+              "| model | " + " | ".join(f"{mode} K={k}" for mode in a.modes for k in a.ks) + " |",
+              "|---|" + "---|" * (len(a.modes) * len(a.ks))]
+    for name, cells in grid.items():
+        vals = []
+        for mode in a.modes:
+            for k in a.ks:
+                c = cells.get((mode, k))
+                vals.append("-" if c is None else f"{_acc(c):.1f} ({c.get('mean_tool_calls', 0):.1f})")
+        lines.append(f"| {LABELS[name]} | " + " | ".join(vals) + " |")
+    (a.docs / "paradox.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def _acc(summary: dict | None) -> float | None:
+    if summary is None:
+        return None
+    return float(summary.get("accuracy", 0.0))  # summary.json holds percentages
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sft", type=Path, default=Path("runs/sft_tiny/checkpoint"))
+    p.add_argument("--train", type=Path, default=Path("data/mini_train"))
+    p.add_argument("--test", type=Path, default=Path("data/mini_test"))
+    p.add_argument("--out", type=Path, default=Path("runs/paradox"))
+    p.add_argument("--docs", type=Path, default=Path("docs"))
+    p.add_argument("--config", default="src/paravt/configs/grpo_tiny.yaml")
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--set", action="append", default=[], help="extra override for every RL run (KEY=VALUE)")
+    p.add_argument("--variants", nargs="*", default=[], help=f"subset of {', '.join(VARIANTS)}")
+    p.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=[4, 16, 64])
+    p.add_argument("--modes", type=lambda s: s.split(","), default=["parallel", "sequential", "none"])
+    p.add_argument("--limit", type=int, default=60, help="test questions per eval cell")
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=320)
+    p.add_argument("--jobs", type=int, default=2, help="commands at once (one torch thread each)")
+    p.add_argument("--smooth", type=int, default=5)
+    p.add_argument("--stage", choices=["all", "train", "eval", "plot"], default="all")
+    a = p.parse_args()
+    a.paravt = str(Path(sys.executable).parent / "paravt")
+    failed = 0
+    with ThreadPoolExecutor(a.jobs) as pool:
+        if a.stage in ("all", "train"):
+            failed += sum(rc != 0 for rc in pool.map(lambda j: run(*j), train_jobs(a)))
+        if a.stage in ("all", "eval"):
+            failed += sum(rc != 0 for rc in pool.map(lambda j: run(*j), eval_jobs(a)))
+    plot(a)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Reproduces the shipped tiny model (src/paravt/assets/tiny-paravt) from nothing, on CPU:
+# SynthVT-mini data, cold-start SFT, then PARA-GRPO (token anchoring), then the paradox
+# ablations and their evaluation (scripts/paradox.py), then copies the PARA-GRPO model into
+# the package. Every step resumes when rerun. About 2.5 hours on 2 CPU cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PARAVT=${PARAVT:-.venv/bin/paravt}
+PY=${PY:-.venv/bin/python}
+
+# 1. data: 3000 training questions (840 videos) and 300 held-out test questions
+[ -f data/mini_train/sft.parquet ] || $PARAVT synth --preset mini --out data/mini_train --n 3000 --split train --seed 0
+[ -f data/mini_test/rl.parquet ] || $PARAVT synth --preset mini --out data/mini_test --n 300 --split test --seed 0
+
+# 2. cold-start SFT (800 steps of 8 rows, ~45 min on one core)
+$PARAVT train sft --config src/paravt/configs/sft_tiny.yaml
+
+# 3. PARA-GRPO and the four ablations from the same SFT checkpoint, then the K x mode grid
+$PY scripts/paradox.py --sft runs/sft_tiny/checkpoint --train data/mini_train --test data/mini_test \
+  --out runs/paradox --docs docs "$@"
+
+# 4. ship PARA-GRPO (token anchoring) without optimizer state
+dest=src/paravt/assets/tiny-paravt
+mkdir -p "$dest"
+for f in config.json generation_config.json model.safetensors tokenizer.json tokenizer_config.json \
+         chat_template.jinja preprocessor_config.json video_preprocessor_config.json; do
+  [ -f "runs/paradox/rl/para_token/checkpoint/$f" ] && cp "runs/paradox/rl/para_token/checkpoint/$f" "$dest/"
+done
+echo "shipped $(du -sh "$dest" | cut -f1) to $dest"
