@@ -73,9 +73,11 @@ def eval_dir(a, model: str, mode: str, k: int) -> Path:
     return a.out / "eval" / f"{model}__{mode}__k{k}"
 
 
-def eval_jobs(a) -> list[tuple[list[str], Path]]:
+def eval_jobs(a, only: set[str] | None = None) -> list[tuple[list[str], Path]]:
     jobs = []
     for name, path in models(a).items():
+        if only is not None and name not in only:
+            continue
         for mode in a.modes:
             for k in a.ks:
                 out = eval_dir(a, name, mode, k)
@@ -181,12 +183,12 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("runs/paradox"))
     p.add_argument("--docs", type=Path, default=Path("docs"))
     p.add_argument("--config", default="src/paravt/configs/grpo_tiny.yaml")
-    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--steps", type=int, default=20)
     p.add_argument("--set", action="append", default=[], help="extra override for every RL run (KEY=VALUE)")
     p.add_argument("--variants", nargs="*", default=[], help=f"subset of {', '.join(VARIANTS)}")
     p.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=[4, 16, 64])
     p.add_argument("--modes", type=lambda s: s.split(","), default=["parallel", "sequential", "none"])
-    p.add_argument("--limit", type=int, default=60, help="test questions per eval cell")
+    p.add_argument("--limit", type=int, default=40, help="test questions per eval cell")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=320)
     p.add_argument("--jobs", type=int, default=2, help="commands at once (one torch thread each)")
@@ -196,10 +198,13 @@ def main() -> None:
     a.paravt = str(Path(sys.executable).parent / "paravt")
     failed = 0
     with ThreadPoolExecutor(a.jobs) as pool:
-        if a.stage in ("all", "train"):
-            failed += sum(rc != 0 for rc in pool.map(lambda j: run(*j), train_jobs(a)))
+        first = train_jobs(a) if a.stage in ("all", "train") else []
+        if a.stage == "all":  # the SFT start's grid needs no RL run: it fills the cores the RL runs leave idle
+            first += eval_jobs(a, {"sft"})
+        failed += sum(rc != 0 for rc in pool.map(lambda j: run(*j), first))
         if a.stage in ("all", "eval"):
-            failed += sum(rc != 0 for rc in pool.map(lambda j: run(*j), eval_jobs(a)))
+            rest = eval_jobs(a, None if a.stage == "eval" else set(VARIANTS))
+            failed += sum(rc != 0 for rc in pool.map(lambda j: run(*j), rest))
     plot(a)
     sys.exit(1 if failed else 0)
 

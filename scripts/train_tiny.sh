@@ -2,18 +2,23 @@
 # Reproduces the shipped tiny model (src/paravt/assets/tiny-paravt) from nothing, on CPU:
 # SynthVT-mini data, cold-start SFT, then PARA-GRPO (token anchoring), then the paradox
 # ablations and their evaluation (scripts/paradox.py), then copies the PARA-GRPO model into
-# the package. Every step resumes when rerun. About 2.5 hours on 2 CPU cores.
+# the package. Every step resumes when rerun. About 2 hours on 2 CPU cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PARAVT=${PARAVT:-.venv/bin/paravt}
 PY=${PY:-.venv/bin/python}
 
-# 1. data: 3000 training questions (840 videos) and 300 held-out test questions
-[ -f data/mini_train/sft.parquet ] || $PARAVT synth --preset mini --out data/mini_train --n 3000 --split train --seed 0
+# 1. data: 2000 training questions (1000 videos) with 16 caption rows per video, and 300
+#    held-out test questions
+[ -f data/mini_train/captions.parquet ] || $PARAVT synth --preset mini --out data/mini_train --n 2000 --split train --seed 0 --captions 16
 [ -f data/mini_test/rl.parquet ] || $PARAVT synth --preset mini --out data/mini_test --n 300 --split test --seed 0
 
-# 2. cold-start SFT (800 steps of 8 rows, ~45 min on one core)
+# 2. SFT in two stages (vision tower frozen): frame captions, then oracle trajectories
+$PARAVT train sft --config src/paravt/configs/sft_tiny_captions.yaml
 $PARAVT train sft --config src/paravt/configs/sft_tiny.yaml
+# the shipped run was judged undertrained at 400 steps (vision used, answers garbled) and resumed
+# to 800: the cosine schedule restarts from half the peak lr at step 400
+$PARAVT train sft --config src/paravt/configs/sft_tiny.yaml -o steps=800
 
 # 3. PARA-GRPO and the four ablations from the same SFT checkpoint, then the K x mode grid
 $PY scripts/paradox.py --sft runs/sft_tiny/checkpoint --train data/mini_train --test data/mini_test \

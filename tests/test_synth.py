@@ -353,3 +353,23 @@ def test_mini_task_asks_only_chosen_kinds_and_tiles_its_crops(tmp_path):
         SynthConfig(kinds=("colour_oe", "texture"))
     with pytest.raises(ValueError, match="crop_policy"):
         SynthConfig(crop_policy="grid")
+
+
+def test_caption_rows_describe_exactly_their_frames(split):
+    """Warm-up captions use the sub-agent wording and are true of the frames they name."""
+    from paravt.synth.captions import CAPTION_PROMPT, write_captions
+    import pandas as pd
+
+    out, _ = split
+    rows = pd.read_parquet(write_captions(out, per_video=6, seed=1)).to_dict("records")
+    specs = load_annotations(out / "annotations.jsonl")  # video_id -> VideoSpec
+    assert len(rows) == 6 * len(specs) and {r["kind"] for r in rows} == {"caption"}
+    with_shape = 0
+    for r in rows:
+        user, assistant = json.loads(r["messages"])
+        times = [p["time"] for p in user["content"] if p["type"] == "frame"]
+        assert 1 <= len(times) <= 3 and user["content"][-1]["text"].strip() == CAPTION_PROMPT
+        caption = assistant["content"][0]["text"]
+        assert caption == describe_frames(specs[r["id"].rsplit("-c", 1)[0]], times)
+        with_shape += not caption.startswith("No shapes")
+    assert with_shape >= len(rows) // 3  # half the rows are drawn inside events

@@ -126,6 +126,8 @@ def synth(
                               "name, colour_oe, shape_oe); empty: all. The background control is always asked."),
     preset: str = typer.Option("", help="'mini': SynthVT-mini, the shrunk task the shipped tiny model is trained on "
                                "(sets the length, event, kind and crop-policy options)."),
+    captions: int = typer.Option(0, help="Also write captions.parquet: this many frame-description rows per video "
+                                 "(a warm-up SFT stage that teaches a from-scratch model to see)."),
     crop_policy: str = typer.Option("evidence", help="Oracle crop windows: evidence (on the evidence, with decoys) | "
                                     "tile (equal windows covering a short video)."),
 ) -> None:
@@ -146,6 +148,10 @@ def synth(
                           kinds=tuple(k for k in kinds.replace(' ', '').split(',') if k), crop_policy=crop_policy,
                           n_events=_int_pair(n_events, '--n-events'))
         synth_command(out, cfg)
+        if captions:
+            from paravt.synth.captions import write_captions
+
+            typer.echo(f"wrote {write_captions(out, captions, seed)}")
     except (ValueError, OSError) as e:
         typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
