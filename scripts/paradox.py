@@ -74,12 +74,12 @@ def eval_dir(a, model: str, mode: str, k: int) -> Path:
 
 
 def eval_jobs(a, only: set[str] | None = None) -> list[tuple[list[str], Path]]:
-    jobs = []
-    for name, path in models(a).items():
-        if only is not None and name not in only:
-            continue
-        for mode in a.modes:
-            for k in a.ks:
+    jobs = []  # mode-major, in --modes order: when time runs short, whole modes are done first
+    for mode in a.modes:
+        for k in a.ks:
+            for name, path in models(a).items():
+                if only is not None and name not in only:
+                    continue
                 out = eval_dir(a, name, mode, k)
                 cmd = [a.paravt, "eval", "run", "--bench", "synthvt", "--data", str(a.test), "--model", path,
                        "--mode", mode, "--frames", str(k), "--out", str(out), "--limit", str(a.limit),
@@ -165,8 +165,30 @@ def plot(a) -> None:
                 c = cells.get((mode, k))
                 vals.append("-" if c is None else f"{_acc(c):.1f} ({c.get('mean_tool_calls', 0):.1f})")
         lines.append(f"| {LABELS[name]} | " + " | ".join(vals) + " |")
+    lines += ["", "## Colour named in the reasoning (%, of the cell's colour questions)", "",
+              "The final think of a colour question usually ends \"So the answer is: <colour>.\"; this is how often",
+              "that colour is the right one, whatever the <answer> tag says (it measures perception; chance 12.5%).", "",
+              "| model | " + " | ".join(f"{mode} K={k}" for mode in a.modes for k in a.ks) + " |",
+              "|---|" + "---|" * (len(a.modes) * len(a.ks))]
+    for name in grid:
+        vals = []
+        for mode in a.modes:
+            for k in a.ks:
+                rows = read_jsonl(eval_dir(a, name, mode, k) / "results.jsonl")
+                colour = [r for r in rows if r.get("question_type") == "oe" and r.get("episode")]
+                vals.append(f"{100 * sum(_stated(r) == r['answer'] for r in colour) / len(colour):.0f}" if colour else "-")
+        lines.append(f"| {LABELS[name]} | " + " | ".join(vals) + " |")
     (a.docs / "paradox.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def _stated(row: dict) -> str | None:
+    """The answer the main agent states in its last think ("... So the answer is: cyan.")."""
+    import re
+
+    think = " ".join(t["generation"]["text"] for t in row["episode"]["turns"]).split("<answer>")[0]
+    found = re.findall(r"answer is: (\w+)", think)
+    return found[-1] if found else None
 
 
 def _acc(summary: dict | None) -> float | None:

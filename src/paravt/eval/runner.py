@@ -341,14 +341,16 @@ async def run_eval_async(
                              status=status())
     writer = ResultWriter(results)
     stop = asyncio.Event()
-    state = {"new": 0, "backend_fail_streak": 0, "last_error": ""}
+    state = {"new": 0, "claimed": 0, "backend_fail_streak": 0, "last_error": ""}
 
     async def worker() -> None:
         while todo and not stop.is_set():
             s = todo.popleft()
             row, backend_failed = await _run_sample(pool, s, config, reward_cfg, keep_token_ids, sample_timeout_s)
-            if stop_after is not None and state["new"] >= stop_after:
-                return  # simulated kill: what was in flight is lost, as in a real one
+            if stop_after is not None:
+                if state["claimed"] >= stop_after:
+                    return  # simulated kill: what was in flight is lost, as in a real one
+                state["claimed"] += 1  # claimed before the write yields, so two workers cannot both pass
             await writer.write(row)  # on disk before it counts
             state["new"] += 1
             tally["n"] += 1
