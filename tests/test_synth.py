@@ -338,9 +338,9 @@ def test_mini_task_asks_only_chosen_kinds_and_tiles_its_crops(tmp_path):
     cfg = SynthConfig(split="train", n=30, seed=5, min_len=60, max_len=80, event_min=1, event_max=4, n_events=(1, 2),
                       kinds=("colour_oe", "shape_oe"), crop_policy="tile")
     build_split(tmp_path, cfg)
-    import pandas as pd
+    import pyarrow.parquet as pq
 
-    kinds = {json.loads(r["extra_info"])["kind"] for r in pd.read_parquet(tmp_path / "rl.parquet").to_dict("records")}
+    kinds = {json.loads(r["extra_info"])["kind"] for r in pq.read_table(tmp_path / "rl.parquet").to_pylist()}
     assert kinds & {"colour_oe", "shape_oe"}
     assert kinds <= {"colour_oe", "shape_oe", "background", "background_major"}
     tiled = [Trajectory.from_dict(t) for t in load_trajectories(tmp_path / "oracle.jsonl") if not t["direct"]]
@@ -358,10 +358,10 @@ def test_mini_task_asks_only_chosen_kinds_and_tiles_its_crops(tmp_path):
 def test_caption_rows_describe_exactly_their_frames(split):
     """Warm-up captions use the sub-agent wording and are true of the frames they name."""
     from paravt.synth.captions import CAPTION_PROMPT, write_captions
-    import pandas as pd
+    import pyarrow.parquet as pq
 
     out, _ = split
-    rows = pd.read_parquet(write_captions(out, per_video=6, seed=1)).to_dict("records")
+    rows = pq.read_table(write_captions(out, per_video=6, seed=1)).to_pylist()
     specs = load_annotations(out / "annotations.jsonl")  # video_id -> VideoSpec
     assert len(rows) == 6 * len(specs) and {r["kind"] for r in rows} == {"caption"}
     with_shape = 0

@@ -46,7 +46,7 @@ def caption_rows(spec: VideoSpec, video: str, video_id: str, rng: np.random.Gene
 
 def write_captions(split_dir: str | Path, per_video: int = 8, seed: int = 0) -> Path:
     """captions.parquet beside a split's sft.parquet, from its annotations.jsonl (no re-rendering)."""
-    import pandas as pd
+    from paravt.synth.dataset import _write_parquet
 
     split_dir = Path(split_dir)
     rng = np.random.default_rng(seed)
@@ -56,5 +56,5 @@ def write_captions(split_dir: str | Path, per_video: int = 8, seed: int = 0) -> 
             a = json.loads(line)
             rows += caption_rows(VideoSpec.from_dict(a), a["video"], a["video_id"], rng, per_video)
     out = split_dir / "captions.parquet"
-    pd.DataFrame(rows).to_parquet(out, index=False)
+    _write_parquet(out, rows)
     return out
