@@ -73,6 +73,29 @@ def load_policy(model: str, *, seed: int = 0, tiny_size: str = "tiny", device: s
     return load_model(model, device=device, dtype=dtype)
 
 
+def make_optimizer(model, cfg, freeze_vision: bool = False):
+    """(trainable params, AdamW, lr schedule) from a trainer config's lr, betas, weight_decay,
+    lr_schedule (cosine | constant), warmup_steps and steps; the vision tower is left out when frozen."""
+    import torch
+    from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
+
+    if freeze_vision:
+        model.model.visual.requires_grad_(False)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    sched = (get_cosine_schedule_with_warmup(opt, cfg.warmup_steps, cfg.steps) if cfg.lr_schedule == "cosine"
+             else get_constant_schedule_with_warmup(opt, cfg.warmup_steps))
+    return params, opt, sched
+
+
+def restore_optimizer(out: str | Path, opt, sched) -> int:
+    """Load the optimizer and schedule state of OUT/checkpoint; returns the step it was saved at."""
+    state = load_state(out)
+    opt.load_state_dict(state["optimizer"])
+    sched.load_state_dict(state["scheduler"])
+    return int(state["step"])
+
+
 @contextmanager
 def torch_threads(n: int):
     """Run with `n` torch CPU threads (0: unchanged), restoring the previous count after."""

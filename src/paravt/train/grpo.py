@@ -350,11 +350,10 @@ def train_grpo(cfg: GRPOConfig, console=None, make_backend: Callable[..., Any] |
 
 def _train_grpo(cfg: GRPOConfig, console, make_backend) -> dict:
     from rich.console import Console
-    from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
-
     from paravt.backends.hf import HFBackend, Renderer
     from paravt.rewards import score_episode, shape
-    from paravt.train.checkpoint import (checkpoint_dir, has_checkpoint, load_policy, load_state, save_checkpoint)
+    from paravt.train.checkpoint import (checkpoint_dir, has_checkpoint, load_policy, make_optimizer, restore_optimizer,
+                                         save_checkpoint)
     from paravt.train.logging import RunLogger
     from paravt.train.sequences import collate, episode_sequences, micro_batches, token_logprobs
     from paravt.train.sft import make_accelerator
@@ -384,23 +383,15 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend) -> dict:
         acc.wait_for_everyone()
     source = str(checkpoint_dir(out)) if resume else ref_source
     model, processor = load_policy(source, seed=cfg.seed, tiny_size=cfg.tiny_size, device=device, dtype=cfg.dtype)
-    if cfg.freeze_vision:
-        model.model.visual.requires_grad_(False)
     ref = None
     if cfg.kl_coef > 0:
         ref, _ = load_policy(ref_source, seed=cfg.seed, tiny_size=cfg.tiny_size, device=device, dtype=cfg.dtype)
         ref.eval().requires_grad_(False)
     renderer = Renderer(processor)
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
-    sched = (get_cosine_schedule_with_warmup(opt, cfg.warmup_steps, cfg.steps) if cfg.lr_schedule == "cosine"
-             else get_constant_schedule_with_warmup(opt, cfg.warmup_steps))
+    params, opt, sched = make_optimizer(model, cfg, cfg.freeze_vision)
     step = 0
     if resume:
-        state = load_state(out)
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        step = int(state["step"])
+        step = restore_optimizer(out, opt, sched)
         console.print(f"[dim]resuming from {checkpoint_dir(out)} at step {step}[/dim]")
     wrapped, opt, sched = acc.prepare(model, opt, sched)
     base = acc.unwrap_model(wrapped)

@@ -245,14 +245,6 @@ def sample_index(step: int, j: int, batch_size: int, n: int, seed: int) -> int:
 # training
 
 
-def _scheduler(opt, kind: str, warmup: int, total: int):
-    from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
-
-    if kind == "cosine":
-        return get_cosine_schedule_with_warmup(opt, warmup, total)
-    return get_constant_schedule_with_warmup(opt, warmup)
-
-
 def make_accelerator(device: str, mixed_precision: str):
     """The run's Accelerator. accelerate keeps one process-wide state that refuses a second
     precision setting; a single process may train several times (tests, sweeps, notebooks), so
@@ -281,7 +273,8 @@ def _train_sft(cfg: SFTConfig, console=None) -> dict:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from paravt.backends.hf import Renderer
-    from paravt.train.checkpoint import checkpoint_dir, has_checkpoint, load_policy, load_state, save_checkpoint
+    from paravt.train.checkpoint import (checkpoint_dir, has_checkpoint, load_policy, make_optimizer, restore_optimizer,
+                                         save_checkpoint)
     from paravt.train.logging import RunLogger
     from paravt.train.sequences import collate, micro_batches, token_logprobs
 
@@ -304,18 +297,11 @@ def _train_sft(cfg: SFTConfig, console=None) -> dict:
     torch.manual_seed(cfg.seed)
     source = str(checkpoint_dir(out)) if resume else cfg.model
     model, processor = load_policy(source, seed=cfg.seed, tiny_size=cfg.tiny_size, device=str(acc.device), dtype=cfg.dtype)
-    if cfg.freeze_vision:
-        model.model.visual.requires_grad_(False)
     renderer = Renderer(processor)
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
-    sched = _scheduler(opt, cfg.lr_schedule, cfg.warmup_steps, cfg.steps)
+    params, opt, sched = make_optimizer(model, cfg, cfg.freeze_vision)
     step = 0
     if resume:
-        state = load_state(out)
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        step = int(state["step"])
+        step = restore_optimizer(out, opt, sched)
         console.print(f"[dim]resuming from {checkpoint_dir(out)} at step {step}[/dim]")
     wrapped, opt, sched = acc.prepare(model, opt, sched)
     base = acc.unwrap_model(wrapped)
