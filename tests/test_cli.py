@@ -8,17 +8,9 @@ import pytest
 from typer.testing import CliRunner
 
 from paravt.cli import app
-from paravt.models.tiny import build_tiny, save_pretrained
 from paravt.synth.render import make_spec, write_video
 
 runner = CliRunner()
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny")
-    save_pretrained(*build_tiny(seed=0), d)
-    return d
 
 
 @pytest.fixture(scope="module")

@@ -227,14 +227,6 @@ def test_parallel_episode_over_http_keeps_subagents_concurrent(tmp_path):
 # the tiny model, for real
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from paravt.models.tiny import build_tiny, save_pretrained
-
-    model, processor = build_tiny(seed=0)
-    return save_pretrained(model, processor, tmp_path_factory.mktemp("tiny") / "tiny")
-
-
 def test_tiny_model_served_in_process_with_batching(tiny_dir):
     import openai
 

@@ -13,19 +13,12 @@ from paravt.agent import Episode, EpisodeConfig, MainTurn, ModelCall, SubCall
 from paravt.backends.base import Completion, ImagePart, Message, TextPart
 from paravt.backends.hf import HFBackend, Renderer, sequence_logprobs
 from paravt.models import load_model
-from paravt.models.tiny import build_tiny, save_pretrained
 from paravt.rewards import RewardConfig, anchor_token_rewards, structural_positions
 from paravt.train.config import ConfigError
 from paravt.train.grpo import (GRPOConfig, gate_k, group_advantages, ppo_loss, prompt_schedule, rollout_metrics,
                                rollout_seed, train_grpo)
 from paravt.train.logging import read_log
 from paravt.train.sequences import ContinuationError, collate, episode_sequences, token_logprobs
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    model, processor = build_tiny(seed=0)
-    return save_pretrained(model, processor, tmp_path_factory.mktemp("tiny") / "model")
 
 
 @pytest.fixture(scope="module")

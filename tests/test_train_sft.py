@@ -7,7 +7,6 @@ from paravt import protocol as P
 from paravt.backends.base import Message
 from paravt.backends.hf import Renderer
 from paravt.models import load_model
-from paravt.models.tiny import build_tiny, save_pretrained
 from paravt.synth.dataset import SynthConfig, build_split
 from paravt.train.checkpoint import load_state
 from paravt.train.config import ConfigError
@@ -15,12 +14,6 @@ from paravt.train.logging import read_log
 from paravt.train.sft import SFTConfig, encode_row, sample_index, train_sft
 from paravt.video import VideoReader
 from videotools import make_test_video
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    model, processor = build_tiny(seed=0)
-    return save_pretrained(model, processor, tmp_path_factory.mktemp("tiny") / "model")
 
 
 @pytest.fixture(scope="module")
