@@ -24,6 +24,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from paravt.synth.oracle import stated_answer
+
 VARIANTS = {  # overrides of src/paravt/configs/grpo_tiny.yaml (PARA-GRPO with token anchoring)
     "vanilla": ["gating=false", "anchoring=off"],
     "para_token": [],
@@ -176,19 +178,12 @@ def plot(a) -> None:
             for k in a.ks:
                 rows = read_jsonl(eval_dir(a, name, mode, k) / "results.jsonl")
                 colour = [r for r in rows if r.get("question_type") == "oe" and r.get("episode")]
-                vals.append(f"{100 * sum(_stated(r) == r['answer'] for r in colour) / len(colour):.0f}" if colour else "-")
+                right = sum(stated_answer(" ".join(t["generation"]["text"] for t in r["episode"]["turns"])) == r["answer"]
+                            for r in colour)
+                vals.append(f"{100 * right / len(colour):.0f}" if colour else "-")
         lines.append(f"| {LABELS[name]} | " + " | ".join(vals) + " |")
     (a.docs / "paradox.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-
-
-def _stated(row: dict) -> str | None:
-    """The answer the main agent states in its last think ("... So the answer is: cyan.")."""
-    import re
-
-    think = " ".join(t["generation"]["text"] for t in row["episode"]["turns"]).split("<answer>")[0]
-    found = re.findall(r"answer is: (\w+)", think)
-    return found[-1] if found else None
 
 
 def _acc(summary: dict | None) -> float | None:

@@ -4,12 +4,12 @@ event's colour (greedy decoding, so the figures are deterministic on a given pla
 a known defect kept visible as a strict xfail, does not yet answer above chance."""
 
 import json
-import re
 
 import pytest
 from typer.testing import CliRunner
 
 from paravt.ask import DEFAULT_MODEL
+from paravt.synth.oracle import stated_answer
 
 runner = CliRunner()
 pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(), reason="no shipped checkpoint")
@@ -50,13 +50,6 @@ def fresh_eval(tmp_path_factory):
     return json.loads((out / "summary.json").read_text()), rows
 
 
-def _stated_colour(row: dict) -> str | None:
-    """The colour the main agent names in its reasoning ("... So the answer is: cyan.")."""
-    think = " ".join(t["generation"]["text"] for t in row["episode"]["turns"]).split("<answer>")[0]
-    found = re.findall(r"answer is: (\w+)", think)
-    return found[-1] if found else None
-
-
 @pytest.mark.slow
 def test_shipped_model_reads_the_colour_in_its_reasoning(fresh_eval):
     """Perception works: with 64 overview frames the model's think names the event's colour far
@@ -64,7 +57,8 @@ def test_shipped_model_reads_the_colour_in_its_reasoning(fresh_eval):
     summary, rows = fresh_eval
     assert summary["n"] == 40 and summary["errors"] == 0
     colour = [r for r in rows if r["question_type"] == "oe"]
-    right = sum(_stated_colour(r) == r["answer"] for r in colour)
+    right = sum(stated_answer(" ".join(t["generation"]["text"] for t in r["episode"]["turns"])) == r["answer"]
+                for r in colour)
     assert len(colour) >= 15 and right / len(colour) >= 0.4, (right, len(colour))
 
 

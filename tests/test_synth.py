@@ -373,3 +373,13 @@ def test_caption_rows_describe_exactly_their_frames(split):
         assert caption == describe_frames(specs[r["id"].rsplit("-c", 1)[0]], times)
         with_shape += not caption.startswith("No shapes")
     assert with_shape >= len(rows) // 3  # half the rows are drawn inside events
+
+
+def test_stated_answer_reads_back_the_oracle_conclusion():
+    from paravt.synth.oracle import _conclusion, stated_answer
+
+    q = Question(id="q", video_id="v", kind="colour_oe", question_type="oe", question="What colour was the star?",
+                 answer="cyan", answer_text="cyan", options=[], events=[0], evidence=[[1.0, 2.0]], needs_event=True)
+    text = f"The crop shows a cyan star. {_conclusion(q)}{P.THINK_CLOSE}\n{P.ANSWER_OPEN}white{P.ANSWER_CLOSE}"
+    assert stated_answer(text) == "cyan"  # the think's answer, not the tag's
+    assert stated_answer("no conclusion here") is None

@@ -138,15 +138,15 @@ def synth(
     try:
         if preset not in ("", "mini"):
             raise ValueError(f"--preset must be 'mini' or empty, got {preset!r}")
+        task = dict(min_len=min_len, max_len=max_len, event_min=event_min, event_max=event_max,
+                    n_events=_int_pair(n_events, "--n-events"), crop_policy=crop_policy,
+                    kinds=tuple(k for k in kinds.replace(" ", "").split(",") if k))
         if preset == "mini":
             from paravt.synth.dataset import MINI_TASK
 
-            min_len, max_len, event_min, event_max = (MINI_TASK[k] for k in ("min_len", "max_len", "event_min", "event_max"))
-            n_events, kinds, crop_policy = ",".join(map(str, MINI_TASK["n_events"])), ",".join(MINI_TASK["kinds"]), MINI_TASK["crop_policy"]
-        cfg = SynthConfig(n=n, seed=seed, split=split, min_len=min_len, max_len=max_len, size=size, fps=fps,
-                          per_video=per_video, event_min=event_min, event_max=event_max, oracle_k=parse_ks(k_for_oracle),
-                          kinds=tuple(k for k in kinds.replace(' ', '').split(',') if k), crop_policy=crop_policy,
-                          n_events=_int_pair(n_events, '--n-events'))
+            task = dict(MINI_TASK)
+        cfg = SynthConfig(n=n, seed=seed, split=split, size=size, fps=fps, per_video=per_video,
+                          oracle_k=parse_ks(k_for_oracle), **task)
         synth_command(out, cfg)
         if captions:
             from paravt.synth.captions import write_captions

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from paravt.synth.oracle import make_trajectory, to_sft_rows
-from paravt.synth.questions import EVENT_KINDS, evidence_visible, make_questions, predicted_visibility, visible_events
+from paravt.synth.oracle import check_crop_policy, make_trajectory, to_sft_rows
+from paravt.synth.questions import check_kinds, evidence_visible, make_questions, predicted_visibility, visible_events
 from paravt.synth.render import VideoSpec, make_spec, write_video
 
 SPLITS = {"train": 1, "test": 2, "val": 3}  # each split draws from its own seed stream
@@ -69,11 +69,8 @@ class SynthConfig:
             raise ValueError(f"need 1 <= n_events[0] <= n_events[1], got {self.n_events}")
         self.oracle_k = tuple(int(k) for k in self.oracle_k)
         self.kinds = tuple(self.kinds)
-        unknown = set(self.kinds) - set(EVENT_KINDS)
-        if unknown:
-            raise ValueError(f"unknown question kinds {sorted(unknown)}; known: {', '.join(EVENT_KINDS)}")
-        if self.crop_policy not in ("evidence", "tile"):
-            raise ValueError(f"crop_policy must be 'evidence' or 'tile', got {self.crop_policy!r}")
+        check_kinds(self.kinds)
+        check_crop_policy(self.crop_policy)
         if not self.oracle_k or min(self.oracle_k) < 1:
             raise ValueError(f"oracle_k must be a non-empty list of positive frame counts, got {self.oracle_k}")
 

@@ -15,6 +15,7 @@ the episode loop produces."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -74,7 +75,15 @@ def _conclusion(q: Question) -> str:
     if q.question_type == "tvg":
         s, e = q.evidence[0]
         return f"So it is on screen from {s:g} to {e:g} seconds."
-    return f"So the answer is: {q.answer}."
+    return f"So the answer is: {q.answer}."  # read back by stated_answer
+
+
+def stated_answer(text: str) -> str | None:
+    """The answer a model trained on these trajectories names at the end of its think ("... So the
+    answer is: cyan."), whatever its answer tag says: a probe of perception apart from copying."""
+    think = text.split(P.ANSWER_OPEN)[0]
+    found = re.findall(r"answer is: (\w+)", think)  # the phrase's tail, as a model may drop the "So"
+    return found[-1] if found else None
 
 
 def _seen_in_overview(spec: VideoSpec, q: Question, times: list[float], events: list[int] | None = None) -> str:
@@ -99,6 +108,14 @@ def _evidence_window(rng: np.random.Generator, s: float, e: float, duration: flo
     a = int(rng.integers(max(0, hi - length), lo + 1)) if hi - length <= lo else lo
     a = max(0, min(a, int(duration) - length))
     return a, min(int(duration), a + length)
+
+
+CROP_POLICIES = ("evidence", "tile")
+
+
+def check_crop_policy(policy: str) -> None:
+    if policy not in CROP_POLICIES:
+        raise ValueError(f"crop_policy must be one of {', '.join(map(repr, CROP_POLICIES))}, got {policy!r}")
 
 
 def tile_windows(duration: float, max_parallel: int = 5, max_len: int = 16) -> list[tuple[int, int]] | None:
@@ -127,8 +144,7 @@ def make_trajectory(spec: VideoSpec, q: Question, overview_times: list[float], c
     seen = [i for i in q.events if any(spec.events[i].visible_at(t) for t in overview_times)]
     # grounding crops every event (one frame cannot give start and end); otherwise only the unseen ones
     to_crop = q.events if q.question_type == "tvg" else [i for i in q.events if i not in seen]
-    if crop_policy not in ("evidence", "tile"):
-        raise ValueError(f"crop_policy must be 'evidence' or 'tile', got {crop_policy!r}")
+    check_crop_policy(crop_policy)
     tiles = tile_windows(spec.duration, max_parallel) if crop_policy == "tile" else None
     if tiles is not None:
         spans = [(spec.events[i].start, spec.events[i].end) for i in to_crop] or [tuple(q.evidence[0])]

@@ -62,6 +62,12 @@ def _plurality(colours: list[str]) -> str | None:
 EVENT_KINDS = ("colour", "shape", "count", "order", "when", "name", "colour_oe", "shape_oe")
 
 
+def check_kinds(kinds: tuple[str, ...]) -> None:
+    unknown = set(kinds) - set(EVENT_KINDS)
+    if unknown:
+        raise ValueError(f"unknown question kinds {sorted(unknown)}; known: {', '.join(EVENT_KINDS)}")
+
+
 def make_questions(spec: VideoSpec, video_id: str, rng: np.random.Generator, per_video: int = 5,
                    overview_times: dict[int, list[float]] | None = None,
                    kinds: tuple[str, ...] = ()) -> list[Question]:
@@ -104,9 +110,7 @@ def make_questions(spec: VideoSpec, video_id: str, rng: np.random.Generator, per
         for j in range(i + 1, len(ev)):
             cands["mcq"].append(("order", (i, j)))
     if kinds:  # a smaller task: only these event-question kinds (the control is always asked)
-        unknown = set(kinds) - set(EVENT_KINDS)
-        if unknown:
-            raise ValueError(f"unknown question kinds {sorted(unknown)}; known: {', '.join(EVENT_KINDS)}")
+        check_kinds(kinds)
         cands = {t: [c for c in cs if c[0] in kinds] for t, cs in cands.items()}
 
     for _ in range(per_video - 1):
