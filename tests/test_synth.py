@@ -383,3 +383,21 @@ def test_stated_answer_reads_back_the_oracle_conclusion():
     text = f"The crop shows a cyan star. {_conclusion(q)}{P.THINK_CLOSE}\n{P.ANSWER_OPEN}white{P.ANSWER_CLOSE}"
     assert stated_answer(text) == "cyan"  # the think's answer, not the tag's
     assert stated_answer("no conclusion here") is None
+    assert stated_answer("The first frame is dark grey. So the answer is: dark grey.") == "dark grey"
+
+
+def test_open_ended_control_names_the_background(tmp_path):
+    """SynthVT-mini's controls ask for the background colour by name, answered from any overview."""
+    cfg = SynthConfig(split="train", n=12, seed=3, min_len=60, max_len=80, event_min=1, event_max=4, n_events=(1, 1),
+                      kinds=("colour_oe",), crop_policy="tile", control="oe")
+    build_split(tmp_path, cfg)
+    import pyarrow.parquet as pq
+
+    rows = [json.loads(r["extra_info"]) for r in pq.read_table(tmp_path / "rl.parquet").to_pylist()]
+    controls = [r for r in rows if not r["needs_event"]]
+    assert controls and all(r["question_type"] == "oe" and not r["options"] for r in controls)
+    assert all(r["answer"] == r["answer_text"] and r["answer"] in BACKGROUNDS for r in controls)
+    direct = [t for t in load_trajectories(tmp_path / "oracle.jsonl") if t["question_id"] in {r["id"] for r in controls}]
+    assert direct and all(t["direct"] for t in direct)  # the overview answers it: no crops
+    with pytest.raises(ValueError, match="control question type"):
+        SynthConfig(control="tvg")

@@ -32,6 +32,20 @@ def test_specials_and_our_tags_are_single_tokens(tiny):
     assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
 
 
+def test_every_synthvt_answer_word_is_one_token_after_the_answer_tag(tiny):
+    """A colour the think names (" cyan") and the same colour in the answer tag ("<answer>cyan") are
+    each one token: split into pieces after the tag, the first SFT model named the right colour in
+    its think and wrote a fragment ("reen") in its answer."""
+    from paravt.synth.render import BACKGROUNDS, COLOURS, SHAPES
+
+    tok = tiny[1].tokenizer
+    words = [*COLOURS, *SHAPES, *(b for b in BACKGROUNDS if " " not in b)]
+    for w in words:
+        assert len(tok.encode(f" {w}", add_special_tokens=False)) == 1, w
+    for w in [*words, *"ABCD"]:
+        assert tok.tokenize(f"{P.ANSWER_OPEN}{w}{P.ANSWER_CLOSE}") == [P.ANSWER_OPEN, w, P.ANSWER_CLOSE]
+
+
 def test_config_is_tiny_qwen3_vl(tiny):
     model, processor = tiny
     n = sum(p.numel() for p in model.parameters())

@@ -125,11 +125,12 @@ def synth(
     kinds: str = typer.Option("", help="Comma-separated event-question kinds to ask (colour, shape, count, order, when, "
                               "name, colour_oe, shape_oe); empty: all. The background control is always asked."),
     preset: str = typer.Option("", help="'mini': SynthVT-mini, the shrunk task the shipped tiny model is trained on "
-                               "(sets the length, event, kind and crop-policy options)."),
+                               "(sets the length, event, kind, crop-policy and control options)."),
     captions: int = typer.Option(0, help="Also write captions.parquet: this many frame-description rows per video "
                                  "(a warm-up SFT stage that teaches a from-scratch model to see)."),
     crop_policy: str = typer.Option("evidence", help="Oracle crop windows: evidence (on the evidence, with decoys) | "
                                     "tile (equal windows covering a short video)."),
+    control: str = typer.Option("mcq", help="The background control question: mcq (four options) | oe (name the colour)."),
 ) -> None:
     """Write a SynthVT split: MP4 videos, ParaVT-Parquet RL rows, oracle SFT rows, annotations."""
     from paravt.synth.commands import parse_ks, synth_command
@@ -139,7 +140,7 @@ def synth(
         if preset not in ("", "mini"):
             raise ValueError(f"--preset must be 'mini' or empty, got {preset!r}")
         task = dict(min_len=min_len, max_len=max_len, event_min=event_min, event_max=event_max,
-                    n_events=_int_pair(n_events, "--n-events"), crop_policy=crop_policy,
+                    n_events=_int_pair(n_events, "--n-events"), crop_policy=crop_policy, control=control,
                     kinds=tuple(k for k in kinds.replace(" ", "").split(",") if k))
         if preset == "mini":
             from paravt.synth.dataset import MINI_TASK

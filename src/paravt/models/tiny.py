@@ -54,8 +54,10 @@ def _corpus() -> list[str]:
         P.final_answer_instruction("mcq"), P.final_answer_instruction("tvg"),
         P.format_tool_call(12.5, 30.0), P.format_tool_response("At 14.0 seconds a red circle appears."),
     ]
-    colours = "red green blue yellow white black orange purple cyan magenta pink brown grey gray dark light".split()
-    shapes = "circle square triangle cross star diamond ring bar heart".split()
+    from paravt.synth.render import BACKGROUNDS, COLOURS, SHAPES
+
+    colours = sorted(set(COLOURS) | set(BACKGROUNDS) | set("pink grey gray dark light".split()))
+    shapes = sorted(set(SHAPES) | set("ring bar heart".split()))
     words = (
         "the a an at in on of to and or is was were appears appeared appear shows visible seconds second frame "
         "frames video background scene first last before after between upper lower left right top bottom middle "
@@ -66,6 +68,10 @@ def _corpus() -> list[str]:
         for s in shapes:
             texts.append(f"At 41.0 seconds a {c} {s} appears in the upper left. Background: dark {c}.")
     texts.append(" ".join(words) * 3)
+    # Answers follow a tag with no space ("<answer>cyan"): without these the BPE has " cyan" as one
+    # token but splits "cyan" into pieces, and the model has to spell what its think named as one token.
+    for w in [*colours, *shapes, *"ABCD"]:
+        texts.append(f"{P.ANSWER_OPEN}{w}{P.ANSWER_CLOSE}\n{w}\n{w.capitalize()}")
     texts.append(" ".join(str(i) for i in range(0, 1000)) + " " + " ".join(f"{i}.{j}" for i in range(0, 100) for j in range(10)))
     return texts * 3
 

@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from paravt.synth.oracle import check_crop_policy, make_trajectory, to_sft_rows
-from paravt.synth.questions import check_kinds, evidence_visible, make_questions, predicted_visibility, visible_events
+from paravt.synth.questions import (check_control, check_kinds, evidence_visible, make_questions, predicted_visibility,
+                                    visible_events)
 from paravt.synth.render import VideoSpec, make_spec, write_video
 
 SPLITS = {"train": 1, "test": 2, "val": 3}  # each split draws from its own seed stream
@@ -31,7 +32,7 @@ K_VALUES = (4, 8, 16, 32, 64)  # the overview budgets of nFrames gating
 # kind. (A first version with 1-2 events and colour+shape questions did not learn to see: see
 # docs/tiny_model.md.)
 MINI_TASK = dict(min_len=60.0, max_len=80.0, event_min=1.0, event_max=4.0, n_events=(1, 1),
-                 kinds=("colour_oe",), crop_policy="tile")
+                 kinds=("colour_oe",), crop_policy="tile", control="oe")
 
 
 @dataclass
@@ -51,6 +52,7 @@ class SynthConfig:
     oracle_k: tuple[int, ...] = K_VALUES  # overview budgets the oracle trajectories are written for (one drawn per question)
     kinds: tuple[str, ...] = ()  # event-question kinds to ask (questions.EVENT_KINDS); empty: all
     crop_policy: str = "evidence"  # oracle crop windows: on the evidence (+ decoys), or "tile" short videos
+    control: str = "mcq"  # the background control: multiple choice, or open-ended ("oe")
 
     def __post_init__(self) -> None:
         if self.split not in SPLITS:
@@ -71,6 +73,7 @@ class SynthConfig:
         self.kinds = tuple(self.kinds)
         check_kinds(self.kinds)
         check_crop_policy(self.crop_policy)
+        check_control(self.control)
         if not self.oracle_k or min(self.oracle_k) < 1:
             raise ValueError(f"oracle_k must be a non-empty list of positive frame counts, got {self.oracle_k}")
 
@@ -136,7 +139,8 @@ def build_split(out: str | Path, cfg: SynthConfig, progress=None) -> SplitSummar
         q_rng, o_rng = _streams(vseed)
         try:
             overviews = {k: [f.timestamp for f in reader.overview(k)] for k in ks}  # real decoded timestamps
-            qs = make_questions(spec, vid, q_rng, cfg.per_video, {k: overviews[k] for k in K_VALUES}, cfg.kinds)
+            qs = make_questions(spec, vid, q_rng, cfg.per_video, {k: overviews[k] for k in K_VALUES}, cfg.kinds,
+                                cfg.control)
             qs = qs[: cfg.n - n_q]
 
             def crop_times(a: float, b: float) -> list[float]:

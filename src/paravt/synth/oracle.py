@@ -82,7 +82,7 @@ def stated_answer(text: str) -> str | None:
     """The answer a model trained on these trajectories names at the end of its think ("... So the
     answer is: cyan."), whatever its answer tag says: a probe of perception apart from copying."""
     think = text.split(P.ANSWER_OPEN)[0]
-    found = re.findall(r"answer is: (\w+)", think)  # the phrase's tail, as a model may drop the "So"
+    found = re.findall(r"answer is: (\w+(?: \w+)*)", think)  # the phrase's tail, as a model may drop the "So"
     return found[-1] if found else None
 
 

@@ -68,10 +68,20 @@ def check_kinds(kinds: tuple[str, ...]) -> None:
         raise ValueError(f"unknown question kinds {sorted(unknown)}; known: {', '.join(EVENT_KINDS)}")
 
 
+CONTROL_TYPES = ("mcq", "oe")
+
+
+def check_control(control: str) -> None:
+    if control not in CONTROL_TYPES:
+        raise ValueError(f"control question type must be one of {list(CONTROL_TYPES)}, got {control!r}")
+
+
 def make_questions(spec: VideoSpec, video_id: str, rng: np.random.Generator, per_video: int = 5,
                    overview_times: dict[int, list[float]] | None = None,
-                   kinds: tuple[str, ...] = ()) -> list[Question]:
-    """`per_video - 1` event questions (mcq / tvg / oe by TYPE_WEIGHTS) and one control.
+                   kinds: tuple[str, ...] = (), control: str = "mcq") -> list[Question]:
+    """`per_video - 1` event questions (mcq / tvg / oe by TYPE_WEIGHTS) and one control, multiple
+    choice or (`control="oe"`) open-ended: a tiny model reads a colour off frames long before it
+    learns to look the colour up in an option list.
 
     `overview_times` (K -> real overview timestamps) lets the "most common background" control
     be asked only when every overview's frame majority shows it; otherwise the control asks
@@ -156,16 +166,19 @@ def make_questions(spec: VideoSpec, video_id: str, rng: np.random.Generator, per
     major = majority_background(spec)
     major_ok = overview_times is not None and len({s.colour for s in spec.scenes}) > 1 and all(
         _plurality([spec.scene_at(t).colour for t in times]) == major for times in overview_times.values())
+    check_control(control)
     if major_ok and rng.random() < 0.5:
-        opts, ans = _options(rng, major, list(BACKGROUNDS))
+        kind, colour, text = "background_major", major, "Which background colour is shown for most of the video?"
         spans = [[s.start, s.end] for s in spec.scenes if s.colour == major]
-        add("background_major", "mcq", "Which background colour is shown for most of the video?", ans, options=opts,
-            answer_text=major, evidence=spans, needs_event=False)
     else:
         first = spec.scenes[0]
-        opts, ans = _options(rng, first.colour, list(BACKGROUNDS))
-        add("background", "mcq", "What is the background colour at the very start of the video?", ans, options=opts,
-            answer_text=first.colour, evidence=[[first.start, first.end]], needs_event=False)
+        kind, colour, text = "background", first.colour, "What is the background colour at the very start of the video?"
+        spans = [[first.start, first.end]]
+    if control == "oe":
+        add(kind, "oe", text + " Answer with the colour's name.", colour, evidence=spans, needs_event=False)
+    else:
+        opts, ans = _options(rng, colour, list(BACKGROUNDS))
+        add(kind, "mcq", text, ans, options=opts, answer_text=colour, evidence=spans, needs_event=False)
     return qs
 
 
