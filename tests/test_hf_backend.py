@@ -185,3 +185,32 @@ def test_text_keeps_our_tags_and_drops_chat_tokens(tiny):
 
     s = f"{P.THINK_OPEN}x{P.THINK_CLOSE}<|im_start|><|vision_start|>{P.ANSWER_OPEN}B{P.ANSWER_CLOSE}<|im_end|>"
     assert strip_chat_tokens(s) == f"{P.THINK_OPEN}x{P.THINK_CLOSE}{P.ANSWER_OPEN}B{P.ANSWER_CLOSE}"
+
+
+@pytest.mark.parametrize("fast", [False, True])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_vision_placeholders_are_never_generated(tiny, fast, temperature):
+    """A model that prefers <|image_pad|> (here pushed there by a hook on lm_head) still never emits
+    it: a generated placeholder has no frame behind it and would break the next forward pass."""
+    model, processor = tiny
+    from paravt.backends.hf import Renderer
+
+    renderer = Renderer(processor)
+    pad = renderer.image_pad
+    assert {pad, renderer.vision_start, renderer.vision_end} <= set(renderer.banned_ids)
+
+    def favour_pad(module, args, out):
+        out = out.clone()
+        out[..., pad] += 1e4
+        return out
+
+    handle = model.lm_head.register_forward_hook(favour_pad)
+    try:
+        c = HFBackend(model, processor, fast_decode=fast).generate_sync(
+            [GenerateRequest(msgs(), max_new_tokens=6, temperature=temperature, seed=0)])[0]
+    finally:
+        handle.remove()
+    assert len(c.token_ids) == 6
+    assert not set(c.token_ids) & set(renderer.banned_ids)
+    # the logprobs stay the raw model's (what training recomputes), not the masked sampler's
+    assert all(lp < -100 for lp in c.logprobs)

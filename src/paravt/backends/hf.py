@@ -78,6 +78,11 @@ class Renderer:
         self._cache: dict[str, list[int]] = {}
         # generation ends at these ids (benchmarks may empty it to force fixed-length outputs)
         self.stop_ids = {self.im_end} | ({t.eos_token_id} if t.eos_token_id is not None else set())
+        # never sampled: a generated vision placeholder has no frame behind it, so the completion
+        # could not be fed back (next turn, or a training forward pass) without a shape error
+        vision = [t.convert_tokens_to_ids(n) for n in
+                  ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>", "<|vision_pad|>")]
+        self.banned_ids = sorted({i for i in vision if i is not None and i != t.unk_token_id})
         ip = processor.image_processor
         self.patch = int(getattr(ip, "patch_size", 16))
         self.merge = int(getattr(ip, "merge_size", 2))
@@ -453,9 +458,12 @@ def _decode_loop(model, renderer, rendered, reqs, logits, next_pos, max_new, ste
     rows = list(range(B))  # request index of each live batch row
     finished: set[int] = set()
     pad_id = renderer.tok.pad_token_id or 0
+    banned = torch.tensor(renderer.banned_ids, dtype=torch.long, device=logits.device)
     for step in range(max_new):
-        # --- choose one token per live row
+        # --- choose one token per live row. Logprobs are the raw model's (what training recomputes);
+        # sampling excludes the banned vision tokens (their mass is ~0 in any trained model)
         lsm = torch.log_softmax(logits, dim=-1)
+        logits = logits.index_fill(-1, banned, float("-inf"))
         chosen = torch.argmax(logits, dim=-1).cpu()
         for j, ri in enumerate(rows):
             r = reqs[ri]
