@@ -52,6 +52,23 @@ def test_resume_keeps_valid_videos_and_rewrites_broken_ones(split, tmp_path):
     assert sha(broken) == good and sha(out / "rl.parquet") == rl
 
 
+def test_resume_rerenders_a_video_whose_spec_changed(split, tmp_path):
+    """A stale video of the same length and size (e.g. left by a run with other settings) must
+    not survive: its events would contradict the annotations and the oracle rows."""
+    out, _ = split
+    copy = tmp_path / "copy"
+    build_split(copy, SynthConfig(split="train", **CFG))
+    path = copy / "videos" / "train_00002.mp4"
+    spec = load_annotations(copy / "annotations.jsonl")["train_00002"]
+    good = sha(path)
+    for e in spec.events:  # same duration and size, events elsewhere in time
+        e.start, e.end = (e.start + 10, e.end + 10) if e.end + 10 < spec.duration else (e.start - 10, e.end - 10)
+    write_video(spec, path)
+    assert sha(path) != good
+    build_split(copy, SynthConfig(split="train", **CFG))
+    assert sha(path) == good
+
+
 def test_answers_consistent_with_annotations(split):
     out, _ = split
     specs = load_annotations(out / "annotations.jsonl")

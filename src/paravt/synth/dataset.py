@@ -22,7 +22,7 @@ import numpy as np
 from paravt.synth.oracle import check_crop_policy, make_trajectory, to_sft_rows
 from paravt.synth.questions import (check_control, check_kinds, evidence_visible, make_questions, predicted_visibility,
                                     visible_events)
-from paravt.synth.render import VideoSpec, make_spec, write_video
+from paravt.synth.render import VideoSpec, make_spec, spec_fingerprint, video_fingerprint, write_video
 
 SPLITS = {"train": 1, "test": 2, "val": 3}  # each split draws from its own seed stream
 K_VALUES = (4, 8, 16, 32, 64)  # the overview budgets of nFrames gating
@@ -199,10 +199,12 @@ def build_split(out: str | Path, cfg: SynthConfig, progress=None) -> SplitSummar
 
 
 def _valid(path: Path, spec: VideoSpec):
-    """A reader for an existing video that matches the spec, else None."""
+    """A reader for an existing video rendered from exactly this spec, else None. (Duration and size
+    alone are not enough: a spec whose events moved keeps both, and a stale video would silently
+    contradict its annotations.)"""
     from paravt.video import VideoError, VideoReader
 
-    if not path.exists():
+    if not path.exists() or video_fingerprint(path) != spec_fingerprint(spec):
         return None
     try:
         reader = VideoReader(path)

@@ -8,6 +8,8 @@ vectorised masks over a pixel grid, built once per event (not per frame).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
@@ -207,11 +209,33 @@ def render_frame(spec: VideoSpec, t: float) -> np.ndarray:
     return img
 
 
+def spec_fingerprint(spec: VideoSpec) -> str:
+    """A short hash of everything that decides the pixels; written into the MP4 so a generator
+    resuming into an existing folder re-renders a video whose spec has changed."""
+    return hashlib.sha256(json.dumps(spec.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+FINGERPRINT_TAG = "paravt-spec:"
+
+
+def video_fingerprint(path: str | Path) -> str | None:
+    """The spec fingerprint stored in a video written by `write_video` (None if absent/unreadable)."""
+    import av
+
+    try:
+        with av.open(str(path)) as c:
+            comment = c.metadata.get("comment", "")
+    except (av.FFmpegError, OSError):
+        return None
+    return comment[len(FINGERPRINT_TAG):] if comment.startswith(FINGERPRINT_TAG) else None
+
+
 def write_video(spec: VideoSpec, path: str | Path, gop_s: float = 10.0) -> Path:
-    """Encode the spec as H.264 MP4 (yuv420p, long GOP, B-frames). Frames repeat between
-    changes, so each distinct picture is rendered once and the cost is the encoder's: a 600 s
-    video at 2 fps (1200 frames of 64x64) takes about half a second. The file appears only
-    once complete (written under a temporary name, then renamed)."""
+    """Encode the spec as H.264 MP4 (yuv420p, long GOP, B-frames), its fingerprint in the
+    container's comment tag. Frames repeat between changes, so each distinct picture is rendered
+    once and the cost is the encoder's: a 600 s video at 2 fps (1200 frames of 64x64) takes about
+    half a second. The file appears only once complete (written under a temporary name, then
+    renamed)."""
     import av
 
     path = Path(path)
@@ -220,6 +244,7 @@ def write_video(spec: VideoSpec, path: str | Path, gop_s: float = 10.0) -> Path:
     n = int(round(spec.duration * spec.fps))
     try:
         with av.open(str(tmp), mode="w") as out:
+            out.metadata["comment"] = FINGERPRINT_TAG + spec_fingerprint(spec)
             stream = out.add_stream("libx264", rate=Fraction(spec.fps, 1))
             stream.width = stream.height = spec.size
             stream.pix_fmt = "yuv420p"
