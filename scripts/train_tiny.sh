@@ -16,9 +16,6 @@ PY=${PY:-.venv/bin/python}
 # 2. SFT in two stages (vision tower frozen): frame captions, then oracle trajectories
 $PARAVT train sft --config src/paravt/configs/sft_tiny_captions.yaml
 $PARAVT train sft --config src/paravt/configs/sft_tiny.yaml
-# the shipped run was judged undertrained at 400 steps (vision used, answers garbled) and resumed
-# to 800: the cosine schedule restarts from half the peak lr at step 400
-$PARAVT train sft --config src/paravt/configs/sft_tiny.yaml -o steps=800
 
 # 3. PARA-GRPO and the four ablations from the same SFT checkpoint, then the K x mode grid
 $PY scripts/paradox.py --sft runs/sft_tiny/checkpoint --train data/mini_train --test data/mini_test \
