@@ -46,6 +46,24 @@ def test_every_synthvt_answer_word_is_one_token_after_the_answer_tag(tiny):
         assert tok.tokenize(f"{P.ANSWER_OPEN}{w}{P.ANSWER_CLOSE}") == [P.ANSWER_OPEN, w, P.ANSWER_CLOSE]
 
 
+def test_the_oracle_answer_tag_repeats_the_token_its_think_ended_on(tiny):
+    """The word in the oracle's answer tag is the same token as in "So the answer is: <w>." (a copy,
+    which the tiny model learns), not the no-space form (a second token per word, which it did not
+    learn to map to: 2/30 teacher-forced)."""
+    from paravt.synth.oracle import Trajectory, oracle_messages
+    from paravt.synth.questions import Question
+
+    tok = tiny[1].tokenizer
+    q = Question(id="q", video_id="v", kind="colour_oe", question_type="oe", question="What colour was the star?",
+                 answer="magenta", answer_text="magenta", events=[0], evidence=[[10.0, 12.0]])
+    traj = Trajectory("q", 4, [1.0, 2.0, 3.0, 4.0], True, "I saw it. So the answer is: magenta.", answer="magenta")
+    msgs, _ = oracle_messages(traj, q, 80.0)
+    ids = tok.encode(msgs[-1].text(), add_special_tokens=False)
+    word = tok.encode(" magenta", add_special_tokens=False)
+    tag = ids.index(tok.convert_tokens_to_ids(P.ANSWER_OPEN))
+    assert len(word) == 1 and ids[tag + 1] == word[0] and ids.count(word[0]) == 2
+
+
 def test_config_is_tiny_qwen3_vl(tiny):
     model, processor = tiny
     n = sum(p.numel() for p in model.parameters())

@@ -229,7 +229,11 @@ def oracle_messages(traj: Trajectory, q: Question, duration: float,
     body = f"{traj.think}{P.THINK_CLOSE}\n" if prefix else f"{P.THINK_OPEN}{traj.think}{P.THINK_CLOSE}\n"
     final_body = (f"{traj.final_think}{P.THINK_CLOSE}\n" if prefix
                   else f"{P.THINK_OPEN}{traj.final_think}{P.THINK_CLOSE}\n")
-    answer = f"{P.ANSWER_OPEN}{traj.answer}{P.ANSWER_CLOSE}"
+    # " magenta" after <answer>, not "magenta": with a space the answer is the same token the think
+    # ended on ("So the answer is: magenta."), so a small model only has to copy it. Without, the
+    # tiny BPE has a second token per word, and the tiny model copied the word into "answer is:"
+    # (25/30 teacher-forced) but not into the tag (2/30). Parsers strip the space.
+    answer = f"{P.ANSWER_OPEN} {traj.answer}{P.ANSWER_CLOSE}"
     subs: list[list[Message]] = []
     if traj.direct or not traj.calls:
         msgs.append(Message("assistant", prefix + body + answer))
