@@ -1,4 +1,5 @@
 import json
+import math
 
 import pytest
 import torch
@@ -90,6 +91,20 @@ def test_two_steps_change_parameters_then_resume(split, tiny_dir, tmp_path):
     assert [rec["step"] for rec in read_log(tmp_path / "run")] == [1, 2, 3]
     assert list((tmp_path / "run" / "tb").glob("events.*"))
     json.loads((tmp_path / "run" / "config.json").read_text())
+
+
+def test_stop_at_ends_the_run_early_on_the_full_schedule(split, tiny_dir, tmp_path):
+    """A run cut into pieces (a preemptible job, a time-limited machine) keeps the lr schedule of the
+    whole run: stopping at step 1 of 4 leaves the cosine lr at cos-schedule(1/4), not at its end."""
+    cfg = SFTConfig(model=str(tiny_dir), data=str(split / "sft.parquet"), out=str(tmp_path / "run"), steps=4, stop_at=1,
+                    batch_size=1, micro_batch_size=1, save_every=10, lr=1e-3, warmup_steps=0, device="cpu", threads=1)
+    last = train_sft(cfg)
+    assert last["step"] == 1 and load_state(tmp_path / "run")["step"] == 1
+    assert last["lr"] == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi / 4)))
+    cfg.stop_at = 2
+    assert train_sft(cfg)["step"] == 2
+    with pytest.raises(ValueError, match="stop_at"):
+        SFTConfig(steps=4, stop_at=5)
 
 
 def test_sample_order_is_a_seeded_permutation_per_epoch():

@@ -39,6 +39,7 @@ class SFTConfig:
     video_root: str | None = None  # default: the data file's directory
     out: str = "runs/sft"
     steps: int = 500
+    stop_at: int = 0  # end this run at this step (checkpoint saved; the lr schedule still spans `steps`); 0: at steps
     batch_size: int = 8  # rows per optimizer step (over all processes)
     micro_batch_size: int = 1  # rows per forward pass
     lr: float = 2e-5
@@ -65,6 +66,8 @@ class SFTConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not 0 <= self.stop_at <= self.steps:
+            raise ValueError(f"stop_at must be in [0, steps={self.steps}], got {self.stop_at}")
         if self.warmup_steps < 0 or self.weight_decay < 0 or not self.grad_clip > 0:
             raise ValueError("need warmup_steps >= 0, weight_decay >= 0, grad_clip > 0")
         _check_choice("lr_schedule", self.lr_schedule, ("cosine", "constant"))
@@ -319,8 +322,9 @@ def _train_sft(cfg: SFTConfig, console=None) -> dict:
     try:
         with Progress(TextColumn("SFT"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                       TimeRemainingColumn(), console=console, disable=not acc.is_main_process) as progress:
-            task = progress.add_task("sft", total=cfg.steps, completed=step, info="")
-            while step < cfg.steps:
+            end = cfg.stop_at or cfg.steps
+            task = progress.add_task("sft", total=end, completed=step, info="")
+            while step < end:
                 t0 = time.perf_counter()
                 idx = [sample_index(step, j, cfg.batch_size, len(rows), cfg.seed) for j in range(cfg.batch_size)]
                 mine = idx[rank * per_rank:(rank + 1) * per_rank]
@@ -351,10 +355,10 @@ def _train_sft(cfg: SFTConfig, console=None) -> dict:
                         "target_tokens": n_tok, "tokens": sum(len(s.ids) for s in seqs),
                         "tokens_per_s": sum(len(s.ids) for s in seqs) / dt, "step_time_s": dt,
                         "elapsed_s": time.perf_counter() - t_run}
-                if step % cfg.log_every == 0 or step == cfg.steps:
+                if step % cfg.log_every == 0 or step == end:
                     log.log(step, {k: v for k, v in last.items() if k != "step"})
                 progress.update(task, completed=step, info=f"loss {total:.3f}")
-                if step % cfg.save_every == 0 or step == cfg.steps:
+                if step % cfg.save_every == 0 or step == end:
                     acc.wait_for_everyone()
                     if acc.is_main_process:
                         save_checkpoint(out, base, processor,
