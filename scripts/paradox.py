@@ -38,10 +38,10 @@ LABELS = {"sft": "SFT start", "vanilla": "vanilla GRPO", "para_token": "PARA-GRP
           "gating_only": "gating only"}
 
 
-def run(cmd: list[str], log: Path) -> int:
+def run(cmd: list[str], log: Path, extra_env: dict[str, str] | None = None) -> int:
     print("$", shlex.join(cmd), flush=True)
     log.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **(extra_env or {})}
     with open(log, "a") as f:
         rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
     if rc:
@@ -55,7 +55,7 @@ def train_jobs(a) -> list[tuple[list[str], Path]]:
         if a.variants and name not in a.variants:
             continue
         out = a.out / "rl" / name
-        cmd = [a.paravt, "train", "grpo", "--config", a.config, "-o", f"model={a.sft}",
+        cmd = [*a.paravt, "train", "grpo", "--config", a.config, "-o", f"model={a.sft}",
                "-o", f"data={a.train}/rl.parquet", "-o", f"out={out}", "-o", f"steps={a.steps}", "-o", "threads=1"]
         for o in overrides + a.set:
             cmd += ["-o", o]
@@ -75,7 +75,7 @@ def eval_dir(a, model: str, mode: str, k: int) -> Path:
     return a.out / "eval" / f"{model}__{mode}__k{k}"
 
 
-def eval_jobs(a, only: set[str] | None = None) -> list[tuple[list[str], Path]]:
+def eval_jobs(a, only: set[str] | None = None) -> list[tuple[list[str], Path, dict[str, str]]]:
     jobs = []  # mode-major, in --modes order: when time runs short, whole modes are done first
     for mode in a.modes:
         for k in a.ks:
@@ -83,10 +83,11 @@ def eval_jobs(a, only: set[str] | None = None) -> list[tuple[list[str], Path]]:
                 if only is not None and name not in only:
                     continue
                 out = eval_dir(a, name, mode, k)
-                cmd = [a.paravt, "eval", "run", "--bench", "synthvt", "--data", str(a.test), "--model", path,
+                cmd = [*a.paravt, "eval", "run", "--bench", "synthvt", "--data", str(a.test), "--model", path,
                        "--mode", mode, "--frames", str(k), "--out", str(out), "--limit", str(a.limit),
                        "--concurrency", str(a.concurrency), "--max-new-tokens", str(a.max_new_tokens)]
-                jobs.append((cmd, out / "eval.log"))
+                # a CPU eval is fp32 like the SFT figures; on a GPU load_model picks bf16
+                jobs.append((cmd, out / "eval.log", {"CUDA_VISIBLE_DEVICES": ""} if a.eval_device == "cpu" else {}))
     return jobs
 
 
@@ -167,23 +168,35 @@ def plot(a) -> None:
                 c = cells.get((mode, k))
                 vals.append("-" if c is None else f"{_acc(c):.1f} ({c.get('mean_tool_calls', 0):.1f})")
         lines.append(f"| {LABELS[name]} | " + " | ".join(vals) + " |")
-    lines += ["", "## Colour named in the reasoning (%, of the cell's colour questions)", "",
-              "The final think of a colour question usually ends \"So the answer is: <colour>.\"; this is how often",
-              "that colour is the right one, whatever the <answer> tag says (it measures perception; chance 12.5%).", "",
-              "| model | " + " | ".join(f"{mode} K={k}" for mode in a.modes for k in a.ks) + " |",
+    header = ["| model | " + " | ".join(f"{mode} K={k}" for mode in a.modes for k in a.ks) + " |",
               "|---|" + "---|" * (len(a.modes) * len(a.ks))]
+    said, answered = [], []
     for name in grid:
-        vals = []
+        s_vals, a_vals = [], []
         for mode in a.modes:
             for k in a.ks:
                 rows = read_jsonl(eval_dir(a, name, mode, k) / "results.jsonl")
-                colour = [r for r in rows if r.get("question_type") == "oe" and r.get("episode")]
+                colour = [r for r in rows if _is_colour(r) and r.get("episode")]
                 right = sum(stated_answer(" ".join(t["generation"]["text"] for t in r["episode"]["turns"])) == r["answer"]
                             for r in colour)
-                vals.append(f"{100 * right / len(colour):.0f}" if colour else "-")
-        lines.append(f"| {LABELS[name]} | " + " | ".join(vals) + " |")
+                s_vals.append(f"{100 * right / len(colour):.0f}" if colour else "-")
+                a_vals.append(f"{100 * sum(r['score'] for r in colour) / len(colour):.0f}" if colour else "-")
+        said.append(f"| {LABELS[name]} | " + " | ".join(s_vals) + " |")
+        answered.append(f"| {LABELS[name]} | " + " | ".join(a_vals) + " |")
+    lines += ["", "## Colour questions: answer accuracy (%; chance 12.5 %)", "",
+              "The other questions of each cell are background-colour controls (chance 1 in 6).", "", *header, *answered]
+    lines += ["", "## Colour named in the reasoning (%, of the cell's colour questions)", "",
+              "The final think of a colour question usually ends \"So the answer is: <colour>.\"; this is how often",
+              "that colour is the right one, whatever the <answer> tag says (perception and one copy; chance 12.5 %).", "",
+              *header, *said]
     (a.docs / "paradox.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def _is_colour(row: dict) -> bool:
+    """A SynthVT colour question (older results name no task: every open-ended question was one)."""
+    task = (row.get("extras") or {}).get("task")
+    return task in ("colour", "colour_oe") if task else row.get("question_type") == "oe"
 
 
 def _acc(summary: dict | None) -> float | None:
@@ -210,9 +223,12 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=320)
     p.add_argument("--jobs", type=int, default=2, help="commands at once (one torch thread each)")
     p.add_argument("--smooth", type=int, default=5)
+    p.add_argument("--eval-device", choices=["cpu", "auto"], default="cpu",
+                   help="cpu: evaluate in fp32 on the CPU even where RL ran on a GPU (figures comparable across machines)")
     p.add_argument("--stage", choices=["all", "train", "eval", "plot"], default="all")
     a = p.parse_args()
-    a.paravt = str(Path(sys.executable).parent / "paravt")
+    script = Path(sys.executable).parent / "paravt"  # absent where the package is on PYTHONPATH only
+    a.paravt = [str(script)] if script.exists() else [sys.executable, "-m", "paravt"]
     failed = 0
     with ThreadPoolExecutor(a.jobs) as pool:
         first = train_jobs(a) if a.stage in ("all", "train") else []
