@@ -13,18 +13,28 @@ PY=${PY:-.venv/bin/python}
 [ -f data/mini_train/captions.parquet ] || $PARAVT synth --preset mini --out data/mini_train --n 2000 --split train --seed 0 --captions 16
 [ -f data/mini_test/rl.parquet ] || $PARAVT synth --preset mini --out data/mini_test --n 300 --split test --seed 0
 
-# 2. SFT in two stages (vision tower frozen): frame captions, then oracle trajectories
+# 2. SFT (vision tower frozen): frame captions, then oracle trajectories, then two continuations
+#    of the trajectory stage. 2b is where the model learned to copy the colour it read into
+#    "So the answer is: <colour>" (teacher-forced 2/30 at 800 steps, 25/30 at +500); the shipped
+#    run did 2b on an H100 (add -o device=cuda; ~0.8 s/step there, ~1.6 s/step on 2 CPU cores).
+#    Stage 3 is 400 more steps, run after the oracle began writing "<answer> magenta" (the token
+#    the think ends on) instead of "<answer>magenta"; the shipped stages 2 and 2b saw the old
+#    form, a rerun of this script trains every stage on the new one.
 $PARAVT train sft --config src/paravt/configs/sft_tiny_captions.yaml
 $PARAVT train sft --config src/paravt/configs/sft_tiny.yaml
+$PARAVT train sft --config src/paravt/configs/sft_tiny.yaml -o model=runs/sft_tiny/checkpoint -o out=runs/sft_tiny_2b \
+  -o steps=1600 -o stop_at=500 -o lr=3e-4
+$PARAVT train sft --config src/paravt/configs/sft_tiny.yaml -o model=runs/sft_tiny_2b/checkpoint -o out=runs/sft_tiny_s3 \
+  -o steps=400 -o lr=3e-4
 
 # 3. PARA-GRPO and the four ablations from the same SFT checkpoint, then the K x mode grid
+#    (the shipped figures: on a 16-core H100 machine with --jobs 16 --set device=cuda, 13 min)
 $PY scripts/paradox.py --sft runs/sft_tiny/checkpoint --train data/mini_train --test data/mini_test \
-  --out runs/paradox --docs docs "$@"
+  --out runs/paradox --docs docs --steps 60 "$@"
 
-# 4. ship the SFT cold start without optimizer state. (The 20-step RL runs at lr 1e-4 all
-#    degraded the policy - repeated phrases, one constant answer - so the shipped model is the
-#    SFT checkpoint; see docs/paradox.md.)
-src=${SHIP_FROM:-runs/sft_tiny/checkpoint}
+# 4. ship the last SFT stage without optimizer state (no RL run beat its SFT start on the test
+#    split; see docs/paradox.md)
+src=${SHIP_FROM:-runs/sft_tiny_s3/checkpoint}
 dest=src/paravt/assets/tiny-paravt
 mkdir -p "$dest"
 for f in config.json generation_config.json model.safetensors tokenizer.json tokenizer_config.json \

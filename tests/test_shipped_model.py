@@ -1,7 +1,8 @@
 """The shipped tiny checkpoint (src/paravt/assets/tiny-paravt): it loads through the same path
-as a hub model, `paravt demo` runs it end to end, and on fresh SynthVT-mini videos it sees the
-event's colour (greedy decoding, so the figures are deterministic on a given platform) - and,
-a known defect kept visible as a strict xfail, does not yet answer above chance."""
+as a hub model, `paravt demo` runs it end to end, and on fresh SynthVT-mini videos (a split no
+training run saw) it reads the event's colour and answers well above chance. Greedy decoding,
+so the figures are deterministic on a given platform; the thresholds sit well below the
+measured figures (model card) so that float differences across CPUs cannot flip them."""
 
 import json
 
@@ -35,14 +36,23 @@ def test_demo_runs_the_shipped_model(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def fresh_eval(tmp_path_factory):
-    """The shipped model on 40 fresh SynthVT-mini questions (20 colour questions, 20 controls), K=64."""
+def val_split(tmp_path_factory):
+    """40 fresh SynthVT-mini questions on videos no training run saw."""
     from paravt.cli import app
 
-    tmp = tmp_path_factory.mktemp("shipped")
-    data, out = tmp / "val", tmp / "eval"
+    data = tmp_path_factory.mktemp("shipped") / "val"
     r = runner.invoke(app, ["synth", "--preset", "mini", "--out", str(data), "--n", "40", "--split", "val", "--seed", "11"])
     assert r.exit_code == 0, r.output
+    return data
+
+
+@pytest.fixture(scope="module")
+def fresh_eval(val_split, tmp_path_factory):
+    """The shipped model on 40 fresh SynthVT-mini questions (colour questions and open-ended
+    background controls), K=64."""
+    from paravt.cli import app
+
+    data, out = val_split, tmp_path_factory.mktemp("eval64")
     r = runner.invoke(app, ["eval", "run", "--bench", "synthvt", "--data", str(data), "--model", str(DEFAULT_MODEL),
                             "--frames", "64", "--out", str(out), "--concurrency", "8", "--max-new-tokens", "256"])
     assert r.exit_code == 0, r.output
@@ -50,21 +60,54 @@ def fresh_eval(tmp_path_factory):
     return json.loads((out / "summary.json").read_text()), rows
 
 
+def _by_kind(rows: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        out.setdefault(r["extras"]["task"], []).append(r)
+    return out
+
+
 @pytest.mark.slow
 def test_shipped_model_reads_the_colour_in_its_reasoning(fresh_eval):
-    """Perception works: with 64 overview frames the model's think names the event's colour far
-    above the 1-in-8 chance (measured: 16 of 20 on the test split)."""
+    """Perception: with 64 overview frames the think names the event's colour far above the
+    1-in-8 chance (measured: 20 of 20)."""
     summary, rows = fresh_eval
     assert summary["n"] == 40 and summary["errors"] == 0
-    colour = [r for r in rows if r["question_type"] == "oe"]
+    colour = _by_kind(rows)["colour_oe"]
     right = sum(stated_answer(" ".join(t["generation"]["text"] for t in r["episode"]["turns"])) == r["answer"]
                 for r in colour)
-    assert len(colour) >= 15 and right / len(colour) >= 0.4, (right, len(colour))
+    assert len(colour) >= 15 and right / len(colour) >= 0.6, (right, len(colour))
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="known defect: the colour named in the think is not copied into <answer> "
-                   "(a different BPE token without its leading space); accuracy is at chance. See the model card.")
 def test_shipped_model_answers_above_chance(fresh_eval):
-    summary, _ = fresh_eval
-    assert summary["accuracy"] >= 35.0, summary  # chance on this mix is ~19%
+    """The answer tag carries what the model saw: colour questions (chance 1 in 8) and the
+    background controls (chance 1 in 6) both well above chance (measured: 40 of 40 on
+    this split, 38 of 40 on the test split)."""
+    summary, rows = fresh_eval
+    kinds = _by_kind(rows)
+    colour = kinds["colour_oe"]
+    controls = [r for k, rs in kinds.items() if k != "colour_oe" for r in rs]
+    colour_acc = sum(r["score"] for r in colour) / len(colour)
+    control_acc = sum(r["score"] for r in controls) / len(controls)
+    assert colour_acc >= 0.6, (colour_acc, summary)
+    assert control_acc >= 0.6, (control_acc, summary)
+    assert summary["accuracy"] >= 60.0, summary  # chance on this mix is ~15 %
+
+
+@pytest.mark.slow
+def test_shipped_model_crops_in_parallel_when_the_overview_is_sparse(val_split, tmp_path):
+    """With 4 overview frames the event is rarely among them (SynthVT-mini test split: 14 %): the
+    model dispatches several crops in one turn, the sub-agents (the same model) report what their
+    windows show, and the answer beats chance (measured on this split: 4.7 crops per colour
+    question; 7 of 20 colours right, where chance is 2.5)."""
+    from paravt.cli import app
+
+    r = runner.invoke(app, ["eval", "run", "--bench", "synthvt", "--data", str(val_split), "--model", str(DEFAULT_MODEL),
+                            "--frames", "4", "--out", str(tmp_path / "eval"), "--concurrency", "8", "--max-new-tokens", "320"])
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in (tmp_path / "eval" / "results.jsonl").read_text().splitlines() if line.strip()]
+    colour = _by_kind(rows)["colour_oe"]
+    first_turn_calls = [len(r["episode"]["turns"][0]["calls"]) for r in colour]
+    assert sum(first_turn_calls) / len(colour) >= 3, first_turn_calls
+    assert sum(r["score"] for r in colour) / len(colour) >= 0.2, [r["prediction"] for r in colour]

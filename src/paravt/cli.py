@@ -39,7 +39,7 @@ def demo(
     out: str = typer.Option("outputs/demo", help="Where the video and timeline go."),
     seed: int = typer.Option(None, help="SynthVT seed (default: a fresh one)."),
     model: str = typer.Option(None, help="Model path or URL (default: the shipped tiny model)."),
-    frames: int = typer.Option(16, help="Overview frames K."),
+    frames: int = typer.Option(4, help="Overview frames K (4: the event usually falls between them, so the agent crops)."),
 ) -> None:
     """Make a synthetic long video and run the whole parallel episode on it, offline, on CPU."""
     from paravt.demo import demo as run_demo
