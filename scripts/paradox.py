@@ -152,7 +152,9 @@ def plot(a) -> None:
         fig.savefig(a.docs / "paradox_accuracy.png", dpi=110)
         plt.close(fig)
 
-    lines = ["# The paradox on SynthVT-mini", "", "Written by `scripts/paradox.py`; numbers from its runs.", "",
+    lines = ["# The paradox on SynthVT-mini", "", "Written by `scripts/paradox.py`; numbers from its runs. "
+             f"Every RL run starts from `{a.sft}`; `--set`: {' '.join(a.set) or 'none'}. "
+             "Discussion: [tiny_model.md](tiny_model.md).", "",
              f"## RL runs ({a.steps} steps each; first vs last fifth of the steps)", "",
              "| run | steps | fτ first | fτ last | κ first | κ last | acc first | acc last |",
              "|---|---|---|---|---|---|---|---|"]
