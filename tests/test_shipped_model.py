@@ -46,18 +46,23 @@ def val_split(tmp_path_factory):
     return data
 
 
+def _eval(data, out, frames: int, max_new_tokens: int) -> tuple[dict, list[dict]]:
+    """`paravt eval run` of the shipped model on a SynthVT split: its summary and result rows."""
+    from paravt.cli import app
+
+    r = runner.invoke(app, ["eval", "run", "--bench", "synthvt", "--data", str(data), "--model", str(DEFAULT_MODEL),
+                            "--frames", str(frames), "--out", str(out), "--concurrency", "8",
+                            "--max-new-tokens", str(max_new_tokens)])
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
+    return json.loads((out / "summary.json").read_text()), rows
+
+
 @pytest.fixture(scope="module")
 def fresh_eval(val_split, tmp_path_factory):
     """The shipped model on 40 fresh SynthVT-mini questions (colour questions and open-ended
     background controls), K=64."""
-    from paravt.cli import app
-
-    data, out = val_split, tmp_path_factory.mktemp("eval64")
-    r = runner.invoke(app, ["eval", "run", "--bench", "synthvt", "--data", str(data), "--model", str(DEFAULT_MODEL),
-                            "--frames", "64", "--out", str(out), "--concurrency", "8", "--max-new-tokens", "256"])
-    assert r.exit_code == 0, r.output
-    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
-    return json.loads((out / "summary.json").read_text()), rows
+    return _eval(val_split, tmp_path_factory.mktemp("eval64"), frames=64, max_new_tokens=256)
 
 
 def _by_kind(rows: list[dict]) -> dict[str, list[dict]]:
@@ -101,12 +106,7 @@ def test_shipped_model_crops_in_parallel_when_the_overview_is_sparse(val_split, 
     model dispatches several crops in one turn, the sub-agents (the same model) report what their
     windows show, and the answer beats chance (measured on this split: 4.7 crops per colour
     question; 7 of 20 colours right, where chance is 2.5)."""
-    from paravt.cli import app
-
-    r = runner.invoke(app, ["eval", "run", "--bench", "synthvt", "--data", str(val_split), "--model", str(DEFAULT_MODEL),
-                            "--frames", "4", "--out", str(tmp_path / "eval"), "--concurrency", "8", "--max-new-tokens", "320"])
-    assert r.exit_code == 0, r.output
-    rows = [json.loads(line) for line in (tmp_path / "eval" / "results.jsonl").read_text().splitlines() if line.strip()]
+    _, rows = _eval(val_split, tmp_path / "eval", frames=4, max_new_tokens=320)
     colour = _by_kind(rows)["colour_oe"]
     first_turn_calls = [len(r["episode"]["turns"][0]["calls"]) for r in colour]
     assert sum(first_turn_calls) / len(colour) >= 3, first_turn_calls

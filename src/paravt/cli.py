@@ -9,6 +9,8 @@ import json
 
 import typer
 
+from paravt.demo import DEMO_FRAMES  # a constant; the demo body still imports lazily
+
 app = typer.Typer(
     name="paravt",
     help="Parallel agentic long-video understanding: ask, evaluate, train, serve.",
@@ -39,7 +41,7 @@ def demo(
     out: str = typer.Option("outputs/demo", help="Where the video and timeline go."),
     seed: int = typer.Option(None, help="SynthVT seed (default: a fresh one)."),
     model: str = typer.Option(None, help="Model path or URL (default: the shipped tiny model)."),
-    frames: int = typer.Option(4, help="Overview frames K (4: the event usually falls between them, so the agent crops)."),
+    frames: int = typer.Option(DEMO_FRAMES, help="Overview frames K (4: the event usually falls between them, so the agent crops)."),
 ) -> None:
     """Make a synthetic long video and run the whole parallel episode on it, offline, on CPU."""
     from paravt.demo import demo as run_demo

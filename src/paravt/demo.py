@@ -16,7 +16,11 @@ from rich.console import Console
 from rich.table import Table
 
 
-def demo(out_dir: str = "outputs/demo", seed: int | None = None, model: str | None = None, frames: int = 4) -> None:
+DEMO_FRAMES = 4  # the event usually falls between 4 overview frames, so the agent crops
+
+
+def demo(out_dir: str = "outputs/demo", seed: int | None = None, model: str | None = None,
+         frames: int = DEMO_FRAMES) -> None:
     from paravt import protocol as P
     from paravt.agent import EpisodeConfig, run_episode
     from paravt.ask import live_printer, make_backend
