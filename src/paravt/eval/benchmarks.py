@@ -3,8 +3,9 @@ local directory, exactly as distributed (Hugging Face Hub or the authors' reposi
 yields `Sample`s. The comment above each loader names the file and its fields and where that
 schema comes from. Nothing is downloaded here.
 
-A sample whose video file is absent is reported (id and where it was looked for) and skipped;
-a malformed annotation row is a `BenchmarkError` that names the file and the row.
+A sample whose video file is absent is reported (id and where it was looked for) and skipped,
+never paired with another sample's file of the same name; a malformed annotation row is a
+`BenchmarkError` that names the file and the row.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
+
+from paravt.subtitles import Subtitles, load_lvb_subtitles, load_srt
 
 LETTERS = "ABCDEFGHIJ"
 VIDEO_EXTS = (".mp4", ".mkv", ".webm", ".avi", ".mov", ".m4v")
@@ -30,10 +33,10 @@ class Sample:
     bench: str
     video_path: str
     question: str  # for mcq the options follow as "A. ..." lines
-    answer: str  # mcq: a letter; tvg: "[s, e]" seconds; oe: the reference text
+    answer: str  # mcq: a letter ("@": none, see _mlvu_letter); tvg: "[s, e]" seconds; oe: the reference text
     question_type: str  # mcq | tvg | oe
     options: list[str] = field(default_factory=list)  # "A. ..." strings (mcq)
-    subtitles: str | None = None  # given to the model as text before the question
+    subtitles: Subtitles | None = None  # timed cues and the benchmark's protocol for showing them
     extras: dict = field(default_factory=dict)  # duration class, task, subject, ... (for breakdowns)
 
     @property
@@ -60,6 +63,7 @@ class Loaded:
     samples: list[Sample]
     missing: list[MissingVideo] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> count (rows outside the split's protocol)
+    notes: dict[str, int] = field(default_factory=dict)  # reason -> count (rows kept, but read specially)
 
     @property
     def missing_videos(self) -> list[str]:
@@ -87,22 +91,33 @@ def _check_letter(answer: str, options: list[str], where: str) -> str:
     return a
 
 
+def _lettered(candidates: list) -> list[str]:
+    """Letters by position, whatever a candidate's text starts with ("D.C." stays a text)."""
+    return [f"{LETTERS[i]}. {c}" for i, c in enumerate(candidates)]
+
+
+def _count(tally: dict[str, int], reason: str) -> None:
+    tally[reason] = tally.get(reason, 0) + 1
+
+
 class VideoFinder:
     """Finds a sample's video under the user's video directories.
 
-    Benchmarks name videos by id, by relative path, or by URL, and people unpack them into
-    flat or nested folders; this tries the relative names (with the usual extensions), then
-    a file-name index of the roots that is used only when the name is unambiguous."""
+    `find` tries only the sample's own relative paths (with the usual extensions) under each
+    root. `find_by_name` also accepts a file of that name anywhere below the roots when exactly
+    one exists: a convenience for flat or re-nested folders, safe only where the benchmark's file
+    names are unique ids (YouTube ids, Charades ids). MMVU (0.mp4, 1.mp4 in every subject) and
+    MLVU (the same names in several task folders) must not use it: a sample whose own file is
+    absent would silently run on another sample's video."""
 
     def __init__(self, roots: Iterable[Path], max_depth: int = 3):
         self.roots = [Path(r) for r in roots]
         self.max_depth = max_depth
         self._index: dict[str, list[Path]] | None = None
 
-    def find(self, *names: str) -> Path | None:
-        names = tuple(n for n in names if n)
+    def find(self, *rel_paths: str) -> Path | None:
         for root in self.roots:
-            for n in names:
+            for n in (n for n in rel_paths if n):
                 p = root / n
                 if p.is_file():
                     return p
@@ -111,14 +126,14 @@ class VideoFinder:
                         q = root / (n + ext)
                         if q.is_file():
                             return q
-        index = self._stems()
-        for n in names:
-            name = Path(n).name
-            key = Path(name).stem if Path(name).suffix.lower() in VIDEO_EXTS else name
-            hits = index.get(key, [])
-            if len(hits) == 1:
-                return hits[0]
         return None
+
+    def find_by_name(self, name: str) -> Path | None:
+        """The only file named `name` (any video extension) below the roots, else None."""
+        name = Path(name).name
+        key = Path(name).stem if Path(name).suffix.lower() in VIDEO_EXTS else name
+        hits = self._stems().get(key, [])
+        return hits[0] if len(hits) == 1 else None
 
     def _stems(self) -> dict[str, list[Path]]:
         if self._index is None:
@@ -162,53 +177,89 @@ def _find_file(data: Path, *patterns: str) -> Path:
     raise BenchmarkError(f"none of {', '.join(patterns)} found under {data}")
 
 
-def srt_text(path: Path) -> str | None:
-    """The text of an .srt subtitle file, one line per caption, in order.
-
-    Hand-written because SubRip is a trivial format and no SRT library is among our
-    dependencies: drop cue numbers and time codes, markup (<i>, {\\an8}), and the consecutive
-    repeats that auto-generated YouTube captions are full of."""
-    if not path.is_file():
-        return None
-    lines: list[str] = []
-    for raw in path.read_text(encoding="utf-8-sig", errors="replace").splitlines():
-        s = raw.strip()
-        if not s or s.isdigit() or "-->" in s:
-            continue
-        s = re.sub(r"<[^>]+>|\{[^}]*\}", "", s).strip()
-        if s and (not lines or lines[-1] != s):
-            lines.append(s)
-    return "\n".join(lines) or None
-
-
 # ----------------------------------------------------------------------------------------------
-# loaders. Each is `loader(data_dir, finder, skipped) -> Iterator[Sample]`.
+# loaders. Each is `loader(data, finder, out) -> Iterator[Sample]`; it counts rows it leaves out
+# in out.skipped and rows it keeps but reads specially in out.notes.
 
-Loader = Callable[[Path, VideoFinder, dict], Iterator[Sample]]
+Loader = Callable[[Path, VideoFinder, Loaded], Iterator[Sample]]
+
+VIDEOMME_FIELDS = ("video_id", "duration", "domain", "sub_category", "url", "videoID", "question_id", "task_type",
+                   "question", "options", "answer")
+VIDEOMME_ACCEPTED = ("the HF parquet (videomme/test-00000-of-00001.parquet), or a JSON export of its rows "
+                     "(.json: a list of rows; .jsonl: one row per line) with fields " + ", ".join(VIDEOMME_FIELDS))
+
+
+def _videomme_file(data: Path) -> Path:
+    """The annotation file: `data` itself, or the parquet below it, else a .jsonl/.json at its top."""
+    if data.is_file():
+        if data.suffix.lower() in (".parquet", ".json", ".jsonl"):
+            return data
+        raise BenchmarkError(f"{data} is not a Video-MME annotation file; accepted: {VIDEOMME_ACCEPTED}")
+    for pat in ("videomme/test-*.parquet", "test-*.parquet", "*.parquet"):
+        hits = sorted(data.glob(pat)) or sorted(data.glob("**/" + pat))
+        if hits:
+            return hits[0]
+    hits = sorted(data.glob("*.jsonl")) or sorted(data.glob("*.json"))
+    if hits:
+        return hits[0]
+    raise BenchmarkError(f"no Video-MME annotation file under {data}; accepted: {VIDEOMME_ACCEPTED}")
+
+
+def _videomme_rows(path: Path) -> list:
+    if path.suffix.lower() == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    if path.suffix.lower() == ".jsonl":
+        rows = []
+        for ln, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise BenchmarkError(f"{path} line {ln} is not JSON ({e}); accepted: {VIDEOMME_ACCEPTED}") from None
+        return rows
+    rows = _read_json(path)
+    if not isinstance(rows, list):
+        raise BenchmarkError(f"{path} holds a {type(rows).__name__}, not a list of rows; accepted: {VIDEOMME_ACCEPTED}")
+    return rows
 
 
 # Video-MME (lmms-lab/Video-MME on the HF Hub): videomme/test-00000-of-00001.parquet with string
-# columns video_id, duration ("short" | "medium" | "long"), domain, sub_category, url, videoID,
-# question_id, task_type, question, answer ("A".."D") and options (list of "A. ..." strings), per the
-# dataset card's `dataset_info.features`; subtitles are subtitle/{videoID}.srt (subtitle.zip) and
-# videos data/{videoID}.mp4 (videos_chunked_*.zip). Not every video has subtitles.
-def _videomme(data: Path, finder: VideoFinder, skipped: dict, subtitles: bool) -> Iterator[Sample]:
-    import pyarrow.parquet as pq
-
-    path = _find_file(data, "videomme/test-*.parquet", "test-*.parquet", "*.parquet")
-    sub_dirs = [d for d in (data / "subtitle", data / "subtitles", data) if d.is_dir()]
-    for i, r in enumerate(pq.read_table(path).to_pylist()):
+# columns video_id ("001"), duration ("short" | "medium" | "long"), domain, sub_category, url,
+# videoID (the YouTube id), question_id ("001-1"), task_type, question, options (list of "A. ..."
+# strings) and answer ("A".."D"), per the dataset card's `dataset_info.features`. Mirrors export the
+# same rows as JSON (a list; e.g. plnguyen2908/Video-MME-viz data/video_mme.json) or JSON lines
+# (showlab/livecc's videomme.jsonl); all three are read. Subtitles are subtitle/{videoID}.srt
+# (subtitle.zip; YouTube captions, each cue wrapped in <font color="white" size=".72c">), kept at
+# the sampled frames as lmms-eval's videomme_w_subtitle does (paravt.subtitles); not every video
+# has them. Videos are data/{videoID}.mp4 (videos_chunked_*.zip); videoID is unique, so a flat or
+# re-nested folder is searched by name too. Verified against EvolvingLMMs-Lab/lmms-eval
+# lmms_eval/tasks/videomme/utils.py and the rows of the JSON export named above.
+def _videomme(data: Path, finder: VideoFinder, out: Loaded, subtitles: bool) -> Iterator[Sample]:
+    path = _videomme_file(data)
+    base = data if data.is_dir() else data.parent
+    sub_dirs = [d for d in (base / "subtitle", base / "subtitles", base.parent / "subtitle", base) if d.is_dir()]
+    subs: dict[str, Subtitles | None] = {}
+    for i, r in enumerate(_videomme_rows(path)):
         where = f"{path} row {i}"
+        absent = [k for k in ("videoID", "question_id", "question", "options", "answer")
+                  if not isinstance(r, dict) or k not in r]
+        if absent:
+            raise BenchmarkError(f"{where}: not a Video-MME row (no {', '.join(absent)}); "
+                                 f"accepted: {VIDEOMME_ACCEPTED}")
         try:
             q, opts = mcq_text(r["question"], list(r["options"]))
-            vid = r["videoID"]
-            answer = _check_letter(r["answer"], opts, where)
-        except (KeyError, TypeError) as e:
+            vid = str(r["videoID"])
+        except TypeError as e:
             raise BenchmarkError(f"{where}: not a Video-MME row ({type(e).__name__}: {e})") from None
+        answer = _check_letter(r["answer"], opts, where)
         sub = None
         if subtitles:
-            sub = next((t for d in sub_dirs if (t := srt_text(d / f"{vid}.srt"))), None)
-        video = finder.find(vid, f"data/{vid}")
+            if vid not in subs:
+                subs[vid] = next((t for d in sub_dirs if (t := load_srt(d / f"{vid}.srt"))), None)
+            sub = subs[vid]
+        video = finder.find(vid, f"data/{vid}") or finder.find_by_name(vid)
         yield Sample(id=str(r["question_id"]), bench="videomme_sub" if subtitles else "videomme",
                      video_path=str(video or finder.expected(vid + ".mp4")), question=q, answer=answer,
                      question_type="mcq", options=opts, subtitles=sub,
@@ -217,13 +268,32 @@ def _videomme(data: Path, finder: VideoFinder, skipped: dict, subtitles: bool) -
                              **({"has_subtitles": sub is not None} if subtitles else {})})
 
 
+def _lvb_candidates(r: dict) -> list:
+    """`candidates` (lvb_val.json), or option0..option4 padded with "N/A" (the Hub's parquet, as
+    lmms-eval's longvideobench task reads it)."""
+    if "candidates" in r:
+        return list(r["candidates"])
+    return [r[f"option{i}"] for i in range(5) if r.get(f"option{i}") not in (None, "N/A")]
+
+
+def _lvb_subtitles(dirs: list[Path], name: str, offset: float, duration: float, where: str) -> Subtitles | None:
+    try:
+        return next((t for d in dirs if name and (t := load_lvb_subtitles(d / name, offset, duration))), None)
+    except ValueError as e:
+        raise BenchmarkError(f"{where}: subtitle file {e}") from None
+
+
 # LongVideoBench (longvideobench/LongVideoBench): lvb_val.json, a list of objects with keys video_id,
 # question, question_wo_referring_query, candidates (list of str), correct_choice (int index),
 # position, topic_category, question_category, level, id, video_path ("{video_id}.mp4" under
-# videos/), subtitle_path, duration_group (15 | 60 | 600 | 3600), starting_timestamp_for_subtitles,
-# duration, view_count -- as read by the authors' longvideobench_dataset.py (the official prompt
-# asks `question` with options "A. ..."). The Hub's validation-*.parquet carries the same fields.
-def _longvideobench(data: Path, finder: VideoFinder, skipped: dict) -> Iterator[Sample]:
+# videos/), subtitle_path ("{video_id}_en.json" under subtitles/), duration_group (15 | 60 | 600 |
+# 3600), starting_timestamp_for_subtitles (where the clip starts on the source video's subtitle
+# track), duration, view_count, type -- as read by the authors' longvideobench/longvideobench_dataset.py,
+# which asks `question` with "A. ..." options and interleaves the subtitles with the frames by time
+# (paravt.subtitles); checked on the rows of lvb_val.json as stored in lwpyh/answer-entropy-zoom.
+# The Hub's validation-*.parquet has option0..option4 instead of candidates (lmms-eval
+# lmms_eval/tasks/longvideobench/utils.py). Video ids are unique, so videos are also found by name.
+def _longvideobench(data: Path, finder: VideoFinder, out: Loaded) -> Iterator[Sample]:
     path = _find_file(data, "lvb_val.json", "validation-*.parquet")
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
@@ -231,24 +301,33 @@ def _longvideobench(data: Path, finder: VideoFinder, skipped: dict) -> Iterator[
         rows = pq.read_table(path).to_pylist()
     else:
         rows = _read_json(path)
+    base = path.parent
+    sub_dirs = [d for d in (base / "subtitles", base) if d.is_dir()]
+    subs: dict[tuple, Subtitles | None] = {}
     for i, r in enumerate(rows):
         where = f"{path} row {i}"
         try:
-            q, opts = mcq_text(r["question"], list(r["candidates"]))
+            q, opts = mcq_text(r["question"], _lettered(_lvb_candidates(r)))
             choice = int(r["correct_choice"])
             rel = r.get("video_path") or f"{r['video_id']}.mp4"
             sid = str(r["id"])
+            key = (r.get("subtitle_path") or "", float(r.get("starting_timestamp_for_subtitles") or 0),
+                   float(r.get("duration") or 0))
         except (KeyError, TypeError, ValueError) as e:
             raise BenchmarkError(f"{where}: not a LongVideoBench row ({type(e).__name__}: {e})") from None
         if not 0 <= choice < len(opts):
             raise BenchmarkError(f"{where}: correct_choice {choice} outside the {len(opts)} candidates")
-        video = finder.find(rel, f"videos/{rel}", r.get("video_id", ""))
+        if key not in subs:  # several questions share a video's subtitle file: read it once
+            subs[key] = _lvb_subtitles(sub_dirs, *key, where)
+        if subs[key] is None:
+            _count(out.notes, "subtitle file missing (question asked without subtitles)")
+        video = finder.find(rel, f"videos/{rel}") or finder.find_by_name(rel)
         yield Sample(id=sid, bench="longvideobench", video_path=str(video or finder.expected(rel)), question=q,
-                     answer=LETTERS[choice], question_type="mcq", options=opts,
+                     answer=LETTERS[choice], question_type="mcq", options=opts, subtitles=subs[key],
                      extras={"duration": None if r.get("duration_group") is None else str(r["duration_group"]),
                              "task": r.get("question_category"),
                              "topic": r.get("topic_category"), "level": r.get("level"),
-                             "duration_s": r.get("duration")})
+                             "duration_s": r.get("duration"), "has_subtitles": subs[key] is not None})
 
 
 def _video2dataset_map(roots: list[Path]) -> dict[str, Path]:
@@ -273,10 +352,12 @@ def _video2dataset_map(roots: list[Path]) -> dict[str, Path]:
 # LVBench (THUDM/LVBench): video_info.meta.jsonl, one JSON object per video with key (YouTube id),
 # type (video category), video_info, and qa: a list of {uid, question (the stem, then one
 # "(A) ..." line per option), answer ("A".."D"), question_type (list of categories such as
-# "key information retrieval", "temporal grounding"), time_reference} -- as read by the authors'
-# lvbench/metrics/compute_accuracy.py and scripts/save_video_txt.py. Accuracy per category counts a
-# question in each of its categories, as the official script does.
-def _lvbench(data: Path, finder: VideoFinder, skipped: dict) -> Iterator[Sample]:
+# "key information retrieval", "temporal grounding"), time_reference ("00:15-00:19")} -- as read by
+# the authors' lvbench/metrics/compute_accuracy.py and scripts/save_video_txt.py (the file itself is
+# only on the HF Hub; one real QA is quoted in Philip-2000/MyLm MyLm/LmBenches/QA.py). Accuracy per
+# category counts a question in each of its categories, as the official script does. Keys are
+# unique YouTube ids, so videos are also found by name, or through a video2dataset shard table.
+def _lvbench(data: Path, finder: VideoFinder, out: Loaded) -> Iterator[Sample]:
     path = _find_file(data, "video_info.meta.jsonl", "*.jsonl")
     v2d = _video2dataset_map(finder.roots)
     for ln, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
@@ -285,12 +366,13 @@ def _lvbench(data: Path, finder: VideoFinder, skipped: dict) -> Iterator[Sample]
         where = f"{path} line {ln}"
         try:
             v = json.loads(line)
-            key, qas = v["key"], v["qa"]
+            key, qas = str(v["key"]), v["qa"]
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise BenchmarkError(f"{where}: not an LVBench video line ({type(e).__name__}: {e})") from None
         video = finder.find(key, f"videos/{key}", f"all_videos/{key}")
         if video is None and key in v2d and v2d[key].is_file():
             video = v2d[key]
+        video = video or finder.find_by_name(key)
         for j, qa in enumerate(qas):
             try:
                 text = qa["question"]
@@ -310,14 +392,34 @@ def _lvbench(data: Path, finder: VideoFinder, skipped: dict) -> Iterator[Sample]
                                  "video_type": v.get("type"), "time_reference": qa.get("time_reference")})
 
 
-# MLVU dev (MLVU/MVLU on the HF Hub): MLVU/json/{1_plotQA, 2_needle, 3_ego, 4_count, 5_order,
-# 6_anomaly_reco, 7_topic_reasoning, 8_sub_scene, 9_summary}.json, each a list of {video, duration,
-# question, candidates (list of str), answer (the text of the right candidate), question_type};
-# videos in MLVU/video/{same stem}/{video} -- as read by the authors' evaluation script (qa_template
-# builds "(A) candidate" options and maps the answer text to its letter). 8 and 9 are generation
-# tasks without candidates, outside the multiple-choice dev score: skipped and counted. The
-# official dev figure (M-Avg) is the mean of the per-task accuracies: metrics reports it.
-def _mlvu(data: Path, finder: VideoFinder, skipped: dict) -> Iterator[Sample]:
+MLVU_NO_ANSWER = "@"  # the official letter for an answer outside the candidates: chr(ord("A") - 1)
+
+
+def _mlvu_letter(candidates: list, answer, notes: dict[str, int]) -> str:
+    """The official choice_bench.py `qa_template`: the letter of the LAST candidate equal to the
+    answer (its loop never breaks), "@" when none is (then no prediction can match)."""
+    hits = [i for i, c in enumerate(candidates) if c == answer]
+    if not hits:
+        _count(notes, "answer not among the candidates: kept, scored wrong (as the official script)")
+        return MLVU_NO_ANSWER
+    if len(hits) > 1:
+        _count(notes, "answer repeated among the candidates: the last one's letter (as the official script)")
+    return LETTERS[hits[-1]]
+
+
+# MLVU dev (JUNJIE99/MLVU data/*.json, the same files as MLVU/MVLU's MLVU/json/ on the HF Hub):
+# {1_plotQA, 2_needle, 3_ego, 4_count, 5_order, 6_anomaly_reco, 7_topic_reasoning, 8_sub_scene,
+# 9_summary}.json, each a list of {video, duration, question, candidates (4 str), answer (the text
+# of the right candidate), question_type}; 8 and 9 have no candidates. Read as the authors'
+# evaluation/multiple_choice_evaluation/choice_bench.py does: "(A) candidate" options, the answer
+# text mapped to a letter by `_mlvu_letter` -- rows whose answer is no candidate (2_needle rows 34
+# and 338) stay in, scored wrong, and a repeated answer candidate takes the last letter. 8 and 9
+# are generation tasks outside the multiple-choice dev score: skipped and counted. The same file
+# name recurs in several task folders (ego_11.mp4 in 3_ego and 7_topic_reasoning, not the same
+# file), so a video is looked for only in its own task's folder: MLVU/video/{stem}/ as on the Hub,
+# or video/{task}/ (count, ego, needle, ...) as choice_bench.py names them. The official dev figure
+# (M-Avg) is the mean of the per-task accuracies: metrics reports it.
+def _mlvu(data: Path, finder: VideoFinder, out: Loaded) -> Iterator[Sample]:
     root = data / "MLVU" if (data / "MLVU" / "json").is_dir() else data
     files = sorted((root / "json").glob("*.json")) or sorted(root.glob("*.json"))
     if not files:
@@ -326,33 +428,37 @@ def _mlvu(data: Path, finder: VideoFinder, skipped: dict) -> Iterator[Sample]:
         rows = _read_json(f)
         if not isinstance(rows, list):
             raise BenchmarkError(f"{f}: expected a list of questions")
+        task_dir = f.stem.split("_", 1)[-1]  # 2_needle -> needle
         for i, r in enumerate(rows):
             where = f"{f} row {i}"
             if not r.get("candidates"):
-                skipped["generation task (no candidates)"] = skipped.get("generation task (no candidates)", 0) + 1
+                _count(out.skipped, "generation task (no candidates)")
                 continue
             try:
-                cands = [str(c) for c in r["candidates"]]
-                q, opts = mcq_text(r["question"], cands)
-                answer = LETTERS[cands.index(str(r["answer"]))]
+                cands = list(r["candidates"])
+                q, opts = mcq_text(r["question"], _lettered(cands))
+                answer = _mlvu_letter(cands, r["answer"], out.notes)
                 name = r["video"]
             except (KeyError, TypeError) as e:
                 raise BenchmarkError(f"{where}: not an MLVU row ({type(e).__name__}: {e})") from None
-            except ValueError:
-                raise BenchmarkError(f"{where}: answer {r.get('answer')!r} is not one of the candidates") from None
-            video = finder.find(f"{f.stem}/{name}", f"video/{f.stem}/{name}", f"MLVU/video/{f.stem}/{name}", name)
-            yield Sample(id=f"{f.stem}-{i}", bench="mlvu", video_path=str(video or finder.expected(f"{f.stem}/{name}")),
+            own = [f"{d}/{name}" for d in (f.stem, task_dir)]
+            video = finder.find(*own, *(f"video/{o}" for o in own), *(f"MLVU/video/{o}" for o in own))
+            yield Sample(id=f"{f.stem}-{i}", bench="mlvu", video_path=str(video or finder.expected(own[0])),
                          question=q, answer=answer, question_type="mcq", options=opts,
-                         extras={"task": r.get("question_type") or f.stem, "duration_s": r.get("duration")})
+                         extras={"task": r.get("question_type") or f.stem, "duration_s": r.get("duration"),
+                                 "answer_text": r["answer"],
+                                 **({"answer_not_in_candidates": True} if answer == MLVU_NO_ANSWER else {})})
 
 
 # MMVU validation (yale-nlp/MMVU, data/validation.json): a list of {id, video (URL ending in
 # videos/{Subject}/{n}.mp4), youtube_url, question_type ("multiple-choice" | "open-ended"), metadata
 # {subject, textbook, knowledge, rationale}, question, choices ({"A": ..., "E": ...}, all values ""
-# for open-ended), answer (a letter, or the reference text for open-ended)}. `mmvu` is the
-# multiple-choice part (SPEC §5: MCQ accuracy); `mmvu_all` adds the open-ended questions, scored
-# by the open-ended metric of RewardConfig (token F1 by default, not the authors' GPT judge).
-def _mmvu(data: Path, finder: VideoFinder, skipped: dict, include_oe: bool) -> Iterator[Sample]:
+# for open-ended), answer (a letter, or the reference text for open-ended)}; checked on that file.
+# `mmvu` is the multiple-choice part (SPEC §5: MCQ accuracy); `mmvu_all` adds the open-ended
+# questions, scored by the open-ended metric of RewardConfig (token F1 by default, not the authors'
+# GPT judge). Every subject folder has its own 0.mp4, 1.mp4, ..., so a video is looked for only at
+# its own Subject/n.mp4 path, never by file name.
+def _mmvu(data: Path, finder: VideoFinder, out: Loaded, include_oe: bool) -> Iterator[Sample]:
     path = _find_file(data, "validation.json")
     rows = _read_json(path)
     if not isinstance(rows, list):
@@ -378,7 +484,7 @@ def _mmvu(data: Path, finder: VideoFinder, skipped: dict, include_oe: bool) -> I
                          question_type="mcq", options=opts, extras={"subject": subject})
         elif qtype == "open-ended":
             if not include_oe:
-                skipped["open-ended (use mmvu_all)"] = skipped.get("open-ended (use mmvu_all)", 0) + 1
+                _count(out.skipped, "open-ended (use mmvu_all)")
                 continue
             yield Sample(id=sid, bench=bench, video_path=vp, question=question, answer=answer, question_type="oe",
                          extras={"subject": subject})
@@ -387,9 +493,10 @@ def _mmvu(data: Path, finder: VideoFinder, skipped: dict, include_oe: bool) -> I
 
 
 # Charades-STA test (Gao et al. 2017; charades_sta_test.txt as distributed with the TALL code and
-# mirrored by many grounding repos): one query per line, "VIDEO_ID START END##sentence", times in
-# seconds; videos are Charades_v1_480/{VIDEO_ID}.mp4.
-def _charades(data: Path, finder: VideoFinder, skipped: dict) -> Iterator[Sample]:
+# mirrored by grounding repos, checked on microsoft/VideoX MS-2D-TAN/data/Charades-STA/): one query
+# per line, "VIDEO_ID START END##sentence", times in seconds, 3720 lines; videos are
+# Charades_v1_480/{VIDEO_ID}.mp4. Charades ids are unique, so videos are also found by name.
+def _charades(data: Path, finder: VideoFinder, out: Loaded) -> Iterator[Sample]:
     path = _find_file(data, "charades_sta_test.txt")
     for ln, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -403,7 +510,7 @@ def _charades(data: Path, finder: VideoFinder, skipped: dict) -> Iterator[Sample
         except ValueError as err:
             raise BenchmarkError(f"{path} line {ln}: {err}: {line!r}") from None
         query = sentence.strip().rstrip(".")
-        video = finder.find(vid, f"Charades_v1_480/{vid}")
+        video = finder.find(vid, f"Charades_v1_480/{vid}") or finder.find_by_name(vid)
         yield Sample(id=f"{vid}#{ln}", bench="charades", video_path=str(video or finder.expected(vid + ".mp4")),
                      question=f'When does this happen in the video: "{query}"?', answer=f"[{s:g}, {e:g}]",
                      question_type="tvg", extras={"query": query, "span": [s, e]})
@@ -411,7 +518,7 @@ def _charades(data: Path, finder: VideoFinder, skipped: dict) -> Iterator[Sample
 
 # SynthVT (paravt synth): ParaVT-Parquet RL rows (SPEC §4), read by the shared paravt.data.load_rl_rows;
 # video paths in the rows are relative to the split directory (or to --videos when given).
-def _synthvt(data: Path, finder: VideoFinder, skipped: dict) -> Iterator[Sample]:
+def _synthvt(data: Path, finder: VideoFinder, out: Loaded) -> Iterator[Sample]:
     from paravt.data import DataError, load_rl_rows
 
     path = data if data.is_file() else data / "rl.parquet"
@@ -440,16 +547,17 @@ class Benchmark:
 
 
 BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
-    Benchmark("videomme", lambda d, f, s: _videomme(d, f, s, subtitles=False), "Video-MME test, without subtitles",
+    Benchmark("videomme", lambda d, f, o: _videomme(d, f, o, subtitles=False), "Video-MME test, without subtitles",
               ("duration", "task", "domain"), "accuracy"),
-    Benchmark("videomme_sub", lambda d, f, s: _videomme(d, f, s, subtitles=True), "Video-MME test, with subtitles",
+    Benchmark("videomme_sub", lambda d, f, o: _videomme(d, f, o, subtitles=True), "Video-MME test, with subtitles",
               ("duration", "task", "domain"), "accuracy"),
-    Benchmark("longvideobench", _longvideobench, "LongVideoBench validation", ("duration", "task"), "accuracy"),
+    Benchmark("longvideobench", _longvideobench, "LongVideoBench validation, subtitles interleaved",
+              ("duration", "task"), "accuracy"),
     Benchmark("lvbench", _lvbench, "LVBench", ("task",), "accuracy"),
     Benchmark("mlvu", _mlvu, "MLVU dev, multiple choice (M-Avg)", ("task",), "task_mean_accuracy"),
-    Benchmark("mmvu", lambda d, f, s: _mmvu(d, f, s, include_oe=False), "MMVU validation, multiple choice",
+    Benchmark("mmvu", lambda d, f, o: _mmvu(d, f, o, include_oe=False), "MMVU validation, multiple choice",
               ("subject",), "accuracy"),
-    Benchmark("mmvu_all", lambda d, f, s: _mmvu(d, f, s, include_oe=True), "MMVU validation, MC + open-ended",
+    Benchmark("mmvu_all", lambda d, f, o: _mmvu(d, f, o, include_oe=True), "MMVU validation, MC + open-ended",
               ("subject", "question_type"), "accuracy"),
     Benchmark("charades", _charades, "Charades-STA test (temporal grounding)", (), "miou"),
     Benchmark("synthvt", _synthvt, "SynthVT split (paravt synth)", ("task", "question_type"), "score"),
@@ -477,7 +585,7 @@ def load_benchmark(name: str, data: str | Path, videos: str | Path | None = None
     finder = VideoFinder(roots)
     out = Loaded(bench=name, samples=[])
     seen: set[str] = set()
-    for s in BENCHMARKS[name].loader(data, finder, out.skipped):
+    for s in BENCHMARKS[name].loader(data, finder, out):
         if s.id in seen:
             raise BenchmarkError(f"{name}: duplicate sample id {s.id!r}")
         seen.add(s.id)

@@ -68,6 +68,8 @@ def eval_command(*, bench: str, data: str, videos: str | None, model: str | None
                           f"{out}/missing_videos.jsonl[/yellow]")
         for reason, n in loaded.skipped.items():
             console.print(f"[dim]{n} row(s) not part of this split's protocol: {reason}[/dim]")
+        for reason, n in loaded.notes.items():
+            console.print(f"[yellow]{n} row(s) kept as the official scoring keeps them: {reason}[/yellow]")
         if not loaded.samples:
             raise BenchmarkError(f"no {bench} sample has its video: point --videos at the video directory")
         cfg = eval_config(mode=mode, frames=frames, max_turns=max_turns, max_parallel=max_parallel,
