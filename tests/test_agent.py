@@ -254,18 +254,29 @@ def test_forced_answer_on_last_round(video):
     ep = run(b, video, max_turns=3)
     m = mains(b)
     assert len(m) == 3 and [t.forced_answer for t in ep.turns] == [False, False, True]
-    assert P.final_answer_instruction("mcq") in m[2].messages[-1].text()
+    # the answer-now instruction is a user message of its own, after the round's tool responses
+    assert m[2].messages[-1].role == "user" and m[2].messages[-1].text() == P.final_answer_instruction("mcq")
+    assert m[2].messages[-2].text().startswith(P.TOOL_RESPONSE_OPEN)
     assert P.final_answer_instruction("mcq") not in m[1].messages[-1].text()
-    assert [r.max_new_tokens for r in m] == [2048, 2048, 64]
+    # the forced turn keeps the think prefix and the whole budget: a real model reasons, then answers
+    assert [r.max_new_tokens for r in m] == [2048, 2048, 2048] and m[2].prefix == P.THINK_PREFIX
     assert ep.answer == "A"
+    # final_turn_think=False: the public evaluation's direct answer turn (no think, 64 tokens for MCQ)
+    b = ScriptedBackend([calls((0, 10)), calls((10, 20)), "<answer>A</answer>"], sub="ok")
+    ep = run(b, video, max_turns=3, final_turn_think=False)
+    assert [r.max_new_tokens for r in mains(b)] == [2048, 2048, 64] and mains(b)[2].prefix == ""
+    assert ep.answer == "A" and ep.turns[2].generation.prefix == ""
     # tools requested on the forced round are not run
     b = ScriptedBackend([calls((0, 10)), calls((10, 20))], sub="ok")
     ep = run(b, video, max_turns=2)
     assert len(ep.turns) == 2 and ep.turns[1].calls == [] and len(subs(b)) == 1 and ep.answer is None
     tvg = ScriptedBackend([calls((0, 10)), "<answer>1 - 2</answer>"], sub="ok")
     run(tvg, video, max_turns=2, question_type="tvg")
+    assert mains(tvg)[-1].max_new_tokens == 2048
+    assert P.final_answer_instruction("tvg") == mains(tvg)[-1].messages[-1].text()
+    tvg = ScriptedBackend([calls((0, 10)), "<answer>1 - 2</answer>"], sub="ok")
+    run(tvg, video, max_turns=2, question_type="tvg", final_turn_think=False)
     assert mains(tvg)[-1].max_new_tokens == 128
-    assert P.final_answer_instruction("tvg") in mains(tvg)[-1].messages[-1].text()
 
 
 def test_sequential_runs_one_call_per_turn(video):
@@ -275,7 +286,8 @@ def test_sequential_runs_one_call_per_turn(video):
     assert "one call per turn" in ep.turns[0].calls[1].response
     assert [c.status for c in ep.turns[1].calls] == ["ok"]
     assert ep.n_executed_calls == 2 and len(subs(b)) == 2
-    assert mains(b)[0].messages[0].text() == P.system_prompt("sequential", 5) != P.system_prompt("parallel", 5)
+    assert mains(b)[0].messages[0].text() == P.main_system("sequential", 5) != P.main_system("parallel", 5)
+    assert mains(b)[0].messages[0].text().startswith(P.system_prompt("sequential", 5) + "\n\n# Tools\n")
 
 
 def test_sequential_takes_longer_than_parallel_for_the_same_windows(video):

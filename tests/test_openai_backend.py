@@ -1,6 +1,7 @@
 """The openai backend against local servers on loopback (create_app over a fake Backend, uvicorn in a thread)."""
 
 import asyncio
+import json
 import socket
 import threading
 import time
@@ -115,7 +116,7 @@ def test_images_round_trip_exactly_in_order_with_prefix_and_usage(fake):
     # text/image order kept, prefix continued, not prepended to the text
     assert out.text == "TTITITIT prefix='<think>\\n'"
     assert (out.prompt_tokens, out.visual_tokens, out.completion_tokens, out.finish_reason) == (10, 4, 3, "length")
-    assert out.logprobs is None  # not asked for
+    assert out.logprobs == [-0.5, -1.0, -2.0] and out.token_ids == [7, 8, 9]  # asked for by default
     got = b.seen[-1]
     assert [m.role for m in got.messages] == ["system", "user"]
     for sent, back in zip(frames(3), got.messages[1].images()):
@@ -138,11 +139,11 @@ def test_jpeg_frames_decode_close_and_png_exact():
         image_data_url(np.zeros((4, 4), np.uint8))
 
 
-def test_logprobs_and_token_ids_when_asked(fake):
+def test_logprobs_off_when_not_wanted(fake):
     _, s = fake
-    be = OpenAIBackend(s.url, api_key="k", logprobs=True)
+    be = OpenAIBackend(s.url, api_key="k", logprobs=False)
     out = asyncio.run(be.generate([GenerateRequest(msgs(1))]))[0]
-    assert out.logprobs == [-0.5, -1.0, -2.0] and out.token_ids == [7, 8, 9]
+    assert out.logprobs is None
 
 
 def test_4xx_is_a_clear_error_without_retries(fake):
@@ -185,7 +186,7 @@ def test_slow_server_times_out_then_fails():
     with Server(create_app(b, "m")) as s:
         be = OpenAIBackend(s.url, model="m", max_retries=1, backoff_s=0.01, timeout_s=0.2)
         t = time.time()
-        with pytest.raises(BackendError, match=r"unreachable after 2 tries.*no answer within 0.2 s"):
+        with pytest.raises(BackendError, match=r"no answer from http://127.0.0.1:\d+ within 0.2 s.*--timeout"):
             asyncio.run(be.generate([GenerateRequest(msgs(1))]))
         assert time.time() - t < 1.0
 
@@ -235,3 +236,129 @@ def test_bad_urls_and_settings_rejected():
         OpenAIBackend("localhost:8000")
     with pytest.raises(ValueError):
         OpenAIBackend("http://127.0.0.1:1", concurrency=0)
+
+
+# ---- what real servers send and expect -----------------------------------------------------------
+
+FIXTURES = __import__("pathlib").Path(__file__).parent / "fixtures" / "vllm"
+
+
+class Recorder:
+    """A minimal OpenAI-compatible app that records request bodies and answers with a canned body."""
+
+    def __init__(self, answer: dict):
+        from fastapi import FastAPI, Request
+
+        self.bodies: list[dict] = []
+        self.app = FastAPI()
+
+        @self.app.post("/v1/chat/completions")
+        async def chat(request: Request):
+            self.bodies.append(await request.json())
+            return answer
+
+
+def test_requests_ask_for_special_tokens_token_ids_and_logprobs():
+    """vLLM drops special tokens from the text by default: a tokenizer that marks </think> or
+    <tool_call> special loses the episode's structure. So the body asks to keep them, and for the
+    exact generated ids (vLLM: return_token_ids) that training needs."""
+    answer = json.loads((FIXTURES / "chat_parsers_hermes_qwen3_tools.json").read_text())["k64"]
+    rec = Recorder(answer)
+    with Server(rec.app) as s:
+        out = asyncio.run(OpenAIBackend(s.url, model="m").generate([GenerateRequest(msgs(1), prefix="<think>\n")]))[0]
+        body = rec.bodies[-1]
+        assert body["skip_special_tokens"] is False and body["return_token_ids"] is True and body["logprobs"] is True
+        assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
+        assert out.token_ids == answer["choices"][0]["token_ids"] and out.token_ids[-1] == 2  # <|im_end|> kept
+        assert out.prompt_ids == answer["prompt_token_ids"]
+        asyncio.run(OpenAIBackend(s.url, model="m", server_extensions=False).generate([GenerateRequest(msgs(1))]))
+        assert not {"skip_special_tokens", "return_token_ids"} & set(rec.bodies[-1])
+        with pytest.raises(BackendError, match="continues the final message"):
+            asyncio.run(OpenAIBackend(s.url, model="m", server_extensions=False).generate(
+                [GenerateRequest(msgs(1), prefix="<think>\n")]))
+
+
+@pytest.mark.parametrize("k, calls, answer", [("k4", 4, None), ("k64", 0, "magenta")])
+def test_turns_split_by_vllm_parsers_are_put_back_together(k, calls, answer):
+    """Real vLLM 0.32 bodies (the shipped model served with --enable-auto-tool-choice
+    --tool-call-parser hermes --reasoning-parser qwen3): the think went to `reasoning`, the calls to
+    `tool_calls`, and the answer tags out of `content`. The rebuilt turn reads as the model wrote it."""
+    from paravt import protocol as P
+    from paravt.backends.openai import _completion
+
+    data = json.loads((FIXTURES / "chat_parsers_hermes_qwen3_tools.json").read_text())[k]
+    c = data["choices"][0]
+    assert c["message"].get("reasoning") and (c["message"].get("tool_calls") or "<answer>" not in c["message"]["content"])
+    written = bytes(b for t in c["logprobs"]["content"][:-1] for b in t["bytes"]).decode()
+    out = _completion(data, "<think>\n", "u")
+    assert out.text == written and out.finish_reason == "stop"
+    turn = P.parse(out.text, prefix="<think>\n")
+    assert len(turn.calls) == calls and turn.answer == answer and turn.think_closed and not turn.problems
+    # without token bytes (logprobs off) the fields are joined again: same calls, same answer
+    data = json.loads(json.dumps(data))
+    data["choices"][0]["logprobs"] = None
+    rebuilt = P.parse(_completion(data, "<think>\n", "u").text, prefix="<think>\n")
+    assert [x.arguments for x in rebuilt.calls] == [x.arguments for x in turn.calls] and rebuilt.think_closed
+    if answer is None:
+        assert rebuilt.answer is None
+
+
+def _raw_server(handler) -> tuple[str, threading.Event]:
+    """A TCP server on loopback whose connections `handler(conn, stop)` serves (one thread each)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    srv.settimeout(0.2)
+    stop = threading.Event()
+
+    def loop():
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            threading.Thread(target=handler, args=(conn, stop), daemon=True).start()
+        srv.close()
+
+    threading.Thread(target=loop, daemon=True).start()
+    return f"http://127.0.0.1:{srv.getsockname()[1]}", stop
+
+
+def _silent(conn, stop):  # accepts, reads, never answers
+    conn.settimeout(0.2)
+    while not stop.is_set():
+        try:
+            if not conn.recv(65536):
+                break
+        except OSError:
+            pass
+    conn.close()
+
+
+def _trickle(conn, stop):  # answers one byte at a time, forever: a per-read timeout never fires
+    conn.settimeout(5)
+    try:
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n")
+        while not stop.is_set():
+            conn.sendall(b" ")
+            time.sleep(0.05)
+    except OSError:
+        pass
+    conn.close()
+
+
+@pytest.mark.parametrize("handler", [_silent, _trickle])
+def test_every_call_has_an_overall_deadline(handler):
+    """A server that accepts and never answers, or trickles a byte at a time, fails the call within
+    timeout_s (retries and the model lookup included), with an error that says so."""
+    url, stop = _raw_server(handler)
+    try:
+        for model in ("m", None):  # None: the model lookup (GET /v1/models) is bounded too
+            be = OpenAIBackend(url, model=model, timeout_s=0.6, max_retries=4, backoff_s=0.01)
+            t = time.time()
+            with pytest.raises(BackendError, match=r"no answer from .* within 0.6 s"):
+                asyncio.run(be.generate([GenerateRequest(msgs(1))]))
+            assert time.time() - t < 2.0
+    finally:
+        stop.set()

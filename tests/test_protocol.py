@@ -299,8 +299,10 @@ def test_system_prompts_per_mode():
     assert prompts["reasoning"] == prompts["none"]
     for m in ("parallel", "sequential", "inline"):
         p = prompts[m]
-        schema = json.loads(p.split("<tools>\n", 1)[1].split("\n</tools>", 1)[0])
-        assert schema == P.tool_schema(m)
+        full = P.main_system(m, 5)
+        assert full.startswith(p + "\n\n# Tools\n\nYou may call one or more functions")  # Qwen's native block
+        schema = json.loads(full.split("<tools>\n", 1)[1].split("\n</tools>", 1)[0])
+        assert schema == P.tool_schema(m) and "<tools>" not in p
         assert all(tag in p for tag in ("<think>", "</think>", "<tool_call>", "</tool_call>", "<answer>", "</answer>"))
         assert parse(p.split("or\n", 1)[0].rsplit("</think>\n", 1)[1]).calls  # the example call parses
     assert "up to 5 calls" in prompts["parallel"] and "up to 3 calls" in P.system_prompt("parallel", 3)
@@ -308,6 +310,7 @@ def test_system_prompts_per_mode():
     assert "frames of its window" in prompts["inline"] and "helper" not in prompts["inline"]
     assert "helper" in prompts["parallel"]
     for m in ("none", "direct"):
+        assert P.main_system(m) == prompts[m]
         assert "crop_video" not in prompts[m] and "<tool_call>" not in prompts[m] and "<answer>" in prompts[m]
     assert "<think>" in prompts["none"] and "<think>" not in prompts["direct"]
     with pytest.raises(ValueError, match="unknown prompt mode"):
@@ -444,3 +447,41 @@ def test_adversarial_inputs_stay_fast():
         _check(text)
         score_episode([text], "B", "B", "mcq", 0, 0)
     assert time.perf_counter() - started < 20  # a guard against hangs: well under 1 s on an idle core
+
+
+# ---- prompt profiles ------------------------------------------------------------------------------
+
+
+def test_native_tool_block_joins_a_system_text_as_the_chat_template_does():
+    block = P.native_tools_block([P.CROP_VIDEO_TOOL])
+    assert block.startswith("# Tools\n\nYou may call one or more functions to assist with the user query.")
+    assert block.endswith('<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+    assert P.with_tools("Be brief.", [P.CROP_VIDEO_TOOL]) == "Be brief.\n\n" + block
+    assert P.with_tools(None, [P.CROP_VIDEO_TOOL]) == block
+    # a row prompt that already declares its tools is kept as it is (no second block)
+    assert P.with_tools("x\n<tools>\n{}\n</tools>", [P.CROP_VIDEO_TOOL]) == "x\n<tools>\n{}\n</tools>"
+
+
+def test_a_rows_own_system_prompt_replaces_the_profile_instructions():
+    s = P.main_system("parallel", 5, "paravt", system="You are a careful video agent.")
+    assert s.startswith("You are a careful video agent.\n\n# Tools") and P.system_prompt("parallel") not in s
+    assert P.main_system("none", 5, "paravt", system="Row prompt.") == "Row prompt."
+
+
+def test_official_profile_reproduces_the_release_layout():
+    s = P.main_system("parallel", 5, "official")
+    assert s.startswith("# Tools\n")  # no system text of ours: only the release's tool block
+    tool = json.loads(s.split("<tools>\n", 1)[1].split("\n</tools>", 1)[0])
+    assert tool == P.OFFICIAL_CROP_VIDEO_TOOL and set(tool["function"]["parameters"]) == {"video_path", "start_time",
+                                                                                           "end_time"}
+    assert P.main_system("parallel", 5, "official", system="Row.").startswith("Row.\n\n# Tools")
+    assert P.main_system("none", 5, "official") is None
+    sub = P.subagent_prompt(65, 80.5, "Which colour?", profile="official")
+    assert sub.startswith("You are analyzing a video segment from 01:05 to 01:20 (duration: 15.5 seconds).")
+    assert sub.endswith("Summary:") and "Which colour?" not in sub
+    # SPEC 6.7: the tool prompt's answer instruction (the public eval gave it to the no-tool prompt)
+    u = P.user_prompt_text("Q?\nA. x\nB. y", 60, "mcq", profile="official")
+    assert u.startswith("Q?\nA. x") and "use crop_video if needed" in u and "<answer>X</answer>" in u
+    assert P.final_answer_instruction("mcq", "official") == "Based on the video and cropped segments above, answer with ONLY the letter."
+    with pytest.raises(ValueError, match="prompt profile"):
+        P.main_system("parallel", 5, "bogus")

@@ -219,7 +219,8 @@ def test_sft_rows_are_the_episode_rendering(split):
             assert [(c.arguments["start_time"], c.arguments["end_time"]) for c in first.calls] == [
                 (c["start"], c["end"]) for c in t["calls"]]
             resp = r["messages"][3]["content"][0]["text"]
-            assert resp == "".join(P.format_tool_response(c["summary"]) + "\n" for c in t["calls"])
+            # the round's responses in one user turn, as Qwen's template lays out consecutive tool messages
+            assert resp == "\n".join(P.format_tool_response(c["summary"]) for c in t["calls"])
             subs = [x for x in rows if x["kind"] == "sub" and x["question_id"] == r["question_id"]]
             assert len(subs) == len(first.calls)
 
@@ -233,7 +234,9 @@ def test_last_round_instruction_matches_the_episode():
     traj.calls = [OracleCall(8, 16, [8.5, 9.5], describe_frames(spec, [8.5, 9.5]))]
     main3, _ = oracle_messages(traj, q, 60.0, EpisodeConfig(max_turns=3))
     main2, subs = oracle_messages(traj, q, 60.0, EpisodeConfig(max_turns=2))
-    assert P.final_answer_instruction("tvg") in main2[3].text() and P.final_answer_instruction("tvg") not in main3[3].text()
+    # the episode's answer-now message of the last round, a user turn of its own
+    assert main2[4].role == "user" and main2[4].text() == P.final_answer_instruction("tvg")
+    assert [m.role for m in main3] == ["system", "user", "assistant", "user", "assistant"]
     assert len(subs) == 1 and subs[0][-1].content == traj.calls[0].summary
     with pytest.raises(ValueError):
         oracle_messages(traj, q, 60.0, EpisodeConfig(max_turns=1))

@@ -41,8 +41,17 @@ class EpisodeConfig:
     answer_max_new_tokens_oe: int = 128
     sub_max_new_tokens: int = 512
     call_timeout_s: float = 120.0
+    # one main-agent generation may take this long (a dead or stalled server fails the episode
+    # with a clear error instead of hanging it)
+    model_timeout_s: float = 600.0
     subagent_sees_question: bool = True
     seed: int | None = None
+    prompts: str = "paravt"  # prompt profile: paravt | official (the layout ParaVT-8B was trained with)
+    # The last round's forced turn keeps the think prefix and the full max_new_tokens: a real model
+    # reasons before it answers, and with a forced `<think>` the SPEC's 64-token answer budget ends
+    # it mid-thought, before any <answer>. False: no think prefix, answer_max_new_tokens_* budget
+    # (the public evaluation's direct "answer with the letter" turn).
+    final_turn_think: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in P.MODES:
@@ -55,8 +64,10 @@ class EpisodeConfig:
         for name in ("answer_max_new_tokens_mcq", "answer_max_new_tokens_tvg", "answer_max_new_tokens_oe"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.sub_fps <= 0 or self.call_timeout_s <= 0:
-            raise ValueError("sub_fps and call_timeout_s must be positive")
+        if self.sub_fps <= 0 or self.call_timeout_s <= 0 or self.model_timeout_s <= 0:
+            raise ValueError("sub_fps, call_timeout_s and model_timeout_s must be positive")
+        if self.prompts not in P.PROMPT_PROFILES:
+            raise ValueError(f"prompts must be one of {', '.join(P.PROMPT_PROFILES)}, got {self.prompts!r}")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}")
 
@@ -212,24 +223,76 @@ class Episode:
 # message builders (also used to render SFT trajectories, so training sees what inference sends)
 
 
-def frame_parts(frames: list[Frame]) -> list:
-    """Each frame preceded by its timestamp text."""
+def frame_parts(frames: list[Frame], timestamps: bool = True, after: list[str] | None = None) -> list:
+    """Each frame preceded by its timestamp text (unless `timestamps` is off), and followed by
+    `after[i]` when given (subtitles interleaved by time)."""
     parts: list = []
-    for f in frames:
-        parts.append(TextPart(P.timestamp_text(f.timestamp)))
+    for i, f in enumerate(frames):
+        if timestamps:
+            parts.append(TextPart(P.timestamp_text(f.timestamp)))
         parts.append(ImagePart(f.image, timestamp=f.timestamp))
+        if after and after[i]:
+            parts.append(TextPart(after[i]))
     return parts
 
 
+def _subtitle_texts(subtitles, frames: list[Frame]) -> tuple[list[str] | None, str | None]:
+    """(text after each frame, block before the question) for plain-text or timed subtitles; timed
+    ones are placed by each benchmark's protocol (paravt.subtitles)."""
+    if subtitles is None or isinstance(subtitles, str):
+        return None, subtitles
+    from paravt.subtitles import for_frames
+
+    after, block = for_frames(subtitles, [f.timestamp for f in frames])
+    return (after if any(after) else None), (block or None)
+
+
 def build_main_messages(frames: list[Frame], duration: float, question: str, question_type: str, mode: str,
-                        max_parallel: int = 5, subtitles: str | None = None) -> list[Message]:
-    content = frame_parts(frames) + [TextPart("\n" + P.user_prompt_text(question, duration, question_type, subtitles))]
-    return [Message("system", P.system_prompt(mode, max_parallel)), Message("user", content)]
+                        max_parallel: int = 5, subtitles=None, *, prompts: str = "paravt",
+                        system: str | None = None) -> list[Message]:
+    """The first two messages of an episode: the system text (profile instructions or the row's own
+    system prompt, plus the native tool block) and the user turn (timestamped overview frames, then
+    the question). `subtitles`: a text, or `paravt.subtitles.Subtitles` placed by its protocol."""
+    after, block = _subtitle_texts(subtitles, frames)
+    content = frame_parts(frames, after=after) + [
+        TextPart("\n" + P.user_prompt_text(question, duration, question_type, block, profile=prompts))]
+    sys_text = P.main_system(mode, max_parallel, prompts, system)
+    return ([Message("system", sys_text)] if sys_text else []) + [Message("user", content)]
 
 
-def build_subagent_messages(frames: list[Frame], start: float, end: float, task: str | None) -> list[Message]:
-    content = frame_parts(frames) + [TextPart("\n" + P.subagent_prompt(start, end, task))]
+def build_subagent_messages(frames: list[Frame], start: float, end: float, task: str | None,
+                            prompts: str = "paravt") -> list[Message]:
+    official = prompts == "official"  # the release's sub-agent saw bare frames and no question
+    content = frame_parts(frames, timestamps=not official) + [
+        TextPart(("" if official else "\n") + P.subagent_prompt(start, end, None if official else task, prompts))]
     return [Message("user", content)]
+
+
+def tool_response_parts(text: str, frames: list | None = None) -> list:
+    """One call's response: its text inside <tool_response>, with the window's frames after the
+    text in inline mode."""
+    if not frames:
+        return [TextPart(P.format_tool_response(text))]
+    return [TextPart(P.TOOL_RESPONSE_OPEN + "\n" + text.strip() + "\n"), *frames, TextPart("\n" + P.TOOL_RESPONSE_CLOSE)]
+
+
+def build_tool_response_messages(responses: list[list], prompts: str = "paravt") -> list[Message]:
+    """The user turn(s) that return a round's responses (`tool_response_parts` each), in call order:
+    all in one message joined by newlines, as Qwen's chat template renders consecutive tool
+    messages ("paravt"), or one message per response, as the release's RL workflow did ("official")."""
+    if prompts == "official":
+        return [Message("user", list(r)) for r in responses]
+    parts: list = []
+    for i, r in enumerate(responses):
+        if i:
+            parts.append(TextPart("\n"))
+        parts += r
+    return [Message("user", parts)]
+
+
+def build_final_message(question_type: str, prompts: str = "paravt") -> Message:
+    """The last round's answer-now instruction, a user message of its own."""
+    return Message("user", P.final_answer_instruction(question_type, prompts))
 
 
 _THINK_BLOCK = re.compile(re.escape(P.THINK_OPEN) + r".*?(" + re.escape(P.THINK_CLOSE) + r"|$)", re.S)
@@ -263,9 +326,10 @@ async def run_episode(
     config: EpisodeConfig | None = None,
     *,
     question_type: str = "mcq",
-    subtitles: str | None = None,
+    subtitles=None,
     on_event: EventHook | None = None,
     overview_frames: int | None = None,
+    system: str | None = None,
 ) -> Episode:
     """Run one episode (SPEC §1). Raises VideoError when the episode's own video cannot be read,
     and BackendError when the main agent's model cannot be reached; everything that goes wrong
@@ -273,7 +337,9 @@ async def run_episode(
 
     on_event(name, payload) sees, in order: overview, then per turn turn_started, think (if any),
     generated, calls_dispatched, subcall_finished (one per call, as each finishes), tool_response;
-    finally answer. `overview_frames` overrides config.frames (nFrames gating in training)."""
+    finally answer. `overview_frames` overrides config.frames (nFrames gating in training).
+    `subtitles`: a text or timed `paravt.subtitles.Subtitles`; `system`: a data row's own system
+    prompt, used instead of the profile's instructions (the tool block is still declared)."""
     cfg = config or EpisodeConfig()
     if question_type not in P.QUESTION_TYPES:
         raise ValueError(f"question_type must be one of {', '.join(P.QUESTION_TYPES)}, got {question_type!r}")
@@ -285,7 +351,7 @@ async def run_episode(
     state = {"abandoned_decode": False}
     try:
         return await _episode(backend, reader, question, cfg, question_type, subtitles, emit,
-                              lambda: time.perf_counter() - t0, overview_frames or cfg.frames, state)
+                              lambda: time.perf_counter() - t0, overview_frames or cfg.frames, state, system)
     finally:
         # A decode that timed out may still run in the pool: closing its container under it
         # is unsafe, so such a reader is left to the garbage collector.
@@ -294,24 +360,30 @@ async def run_episode(
 
 
 async def _episode(backend: Backend, reader: VideoReader, question: str, cfg: EpisodeConfig, question_type: str,
-                   subtitles: str | None, emit: EventHook, now: Callable[[], float], k: int, state: dict) -> Episode:
+                   subtitles, emit: EventHook, now: Callable[[], float], k: int, state: dict,
+                   system: str | None) -> Episode:
     frames = await reader.aoverview(k)
     ep = Episode(video=str(reader.path), question=question, question_type=question_type, config=cfg,
                  duration=reader.duration, overview_times=[f.timestamp for f in frames])
     emit("overview", {"times": ep.overview_times, "duration": ep.duration})
     messages = build_main_messages(frames, reader.duration, question, question_type, cfg.mode, cfg.max_parallel,
-                                   subtitles)
-    prefix = cfg.prefix
+                                   subtitles, prompts=cfg.prompts, system=system)
 
     for turn_index in range(cfg.max_turns):
         last = turn_index == cfg.max_turns - 1
-        forced = last and turn_index > 0  # the previous tool response carried the answer-now instruction
-        req = GenerateRequest(messages=list(messages), max_new_tokens=cfg.answer_tokens(question_type) if forced
-                              else cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, prefix=prefix,
-                              seed=None if cfg.seed is None else cfg.seed + turn_index, role="main")
+        forced = last and turn_index > 0  # the answer-now message came after the previous round's responses
+        direct_answer = forced and not cfg.final_turn_think
+        prefix = "" if direct_answer else cfg.prefix
+        req = GenerateRequest(messages=list(messages), max_new_tokens=cfg.answer_tokens(question_type)
+                              if direct_answer else cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+                              prefix=prefix, seed=None if cfg.seed is None else cfg.seed + turn_index, role="main")
         emit("turn_started", {"turn": turn_index, "forced_answer": forced})
         started = now()
-        completion = (await backend.generate([req]))[0]
+        try:
+            completion = (await asyncio.wait_for(backend.generate([req]), cfg.model_timeout_s))[0]
+        except asyncio.TimeoutError:
+            raise BackendError(f"the main agent's model gave no answer within {cfg.model_timeout_s:g} s "
+                               "(model_timeout_s / --timeout)") from None
         gen = _record(completion, prefix, started, now(), req.messages)
         turn = P.parse(completion.text, prefix=prefix)
         main_turn = MainTurn(index=turn_index, generation=gen, parsed=turn.to_dict(), calls=[], tool_response=None,
@@ -333,18 +405,19 @@ async def _episode(backend: Backend, reader: VideoReader, question: str, cfg: Ep
         if (turn.answer is not None and turn.answer_closed) or not wants_tools or last:
             break
 
-        subcalls, parts = await _dispatch(backend, reader, turn, turn_index, cfg, question, now, emit, state)
+        subcalls, responses = await _dispatch(backend, reader, turn, turn_index, cfg, question, now, emit, state)
         main_turn.calls = subcalls
         ep.n_executed_calls += sum(1 for c in subcalls if c.status == "ok")
+        replies = build_tool_response_messages(responses, cfg.prompts)
         if turn_index + 1 == cfg.max_turns - 1:
-            parts.append(TextPart("\n" + P.final_answer_instruction(question_type)))
-        main_turn.tool_response = "".join(p.text for p in parts if isinstance(p, TextPart))
+            replies.append(build_final_message(question_type, cfg.prompts))
+        main_turn.tool_response = "\n".join(m.text() for m in replies)
         emit("tool_response", {"turn": turn_index, "text": main_turn.tool_response})
         # token-exact continuation: the backend re-feeds the ids it produced, not a re-tokenized text
         messages.append(Message("assistant", prefix + completion.text, token_ids=completion.assistant_ids))
-        messages.append(Message("user", parts))
+        messages += replies
 
-    ep.answer = P.extract_answer(prefix + ep.turns[-1].generation.text) if ep.turns else None
+    ep.answer = P.extract_answer(ep.turns[-1].generation.prefix + ep.turns[-1].generation.text) if ep.turns else None
     ep.wall_time = now()
     emit("answer", {"answer": ep.answer, "wall_time": ep.wall_time, "error": ep.error})
     return ep
@@ -367,8 +440,8 @@ def ordered_calls(turn: P.Turn) -> list[tuple[P.ToolCall | None, str, str | None
 
 async def _dispatch(backend: Backend, reader: VideoReader, turn: P.Turn, turn_index: int, cfg: EpisodeConfig,
                     question: str, now: Callable[[], float], emit: EventHook, state: dict) -> tuple[list[SubCall], list]:
-    """Run the calls of one turn; returns their records (in call order) and the user-turn content
-    that reports them."""
+    """Run the calls of one turn; returns their records and their responses (`tool_response_parts`
+    each), both in call order."""
     limit = 1 if cfg.mode == "sequential" else cfg.max_parallel
     why_skipped = ("this mode runs one call per turn; call it again next turn if still needed"
                    if cfg.mode == "sequential" else f"at most {cfg.max_parallel} calls run per turn")
@@ -437,7 +510,7 @@ async def _dispatch(backend: Backend, reader: VideoReader, turn: P.Turn, turn_in
                 sub.response = f"{len(frames)} frames of {args.start:.1f}-{args.end:.1f} seconds follow."
                 return frame_parts(frames), None
             msgs = build_subagent_messages(frames, args.start, args.end,
-                                           question if cfg.subagent_sees_question else None)
+                                           question if cfg.subagent_sees_question else None, cfg.prompts)
             return [], GenerateRequest(messages=msgs, max_new_tokens=cfg.sub_max_new_tokens,
                                        temperature=cfg.temperature, top_p=cfg.top_p, role="sub",
                                        seed=None if cfg.seed is None else cfg.seed + 1000 * (turn_index + 1) + sub.index)
@@ -483,15 +556,8 @@ async def _dispatch(backend: Backend, reader: VideoReader, turn: P.Turn, turn_in
             asks.append(ask(sub, req, decode_s))
     await asyncio.gather(*asks)
 
-    parts: list = []
-    for sub, extra, _ in records:
-        if extra:  # inline mode: the frames themselves, inside this call's response
-            parts.append(TextPart(P.TOOL_RESPONSE_OPEN + "\n" + sub.response + "\n"))
-            parts += extra
-            parts.append(TextPart("\n" + P.TOOL_RESPONSE_CLOSE + "\n"))
-        else:
-            parts.append(TextPart(P.format_tool_response(sub.response) + "\n"))
-    return [r[0] for r in records], parts
+    # inline mode: the window's frames themselves, inside the call's own response
+    return [r[0] for r in records], [tool_response_parts(sub.response, extra) for sub, extra, _ in records]
 
 
 def run_episode_sync(*args: Any, **kwargs: Any) -> Episode:

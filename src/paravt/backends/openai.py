@@ -15,12 +15,25 @@ What goes over the wire, and why:
   is one, so one dead replica does not fail an evaluation.
 - Retries with exponential backoff (and jitter) on connection errors, timeouts, 429 and 5xx;
   any other 4xx is a `BackendError` at once, with the status and the server's message.
-- `logprobs=True` asks for per-token logprobs (and reads exact token ids where the server
-  reports tokens as "token_id:N", as vLLM's `--return-tokens-as-token-ids` and `paravt serve`
-  do). Note that vLLM reports logprobs of the raw model by default, like the hf backend.
+- Server extensions (on by default; `server_extensions=False` for servers that reject unknown
+  fields): `skip_special_tokens: false`, because vLLM drops special tokens from the returned
+  text by default and a tokenizer that marks `</think>` or `<tool_call>` special (as some
+  fine-tuned checkpoints do) would lose the episode's structure; `return_token_ids: true`, which
+  makes vLLM return the generated ids per choice (`token_ids`) and the prompt's
+  (`prompt_token_ids`), the exact sequences a trainer needs; and `logprobs: true`.
+- Servers that parse for the client: vLLM started with `--enable-auto-tool-choice
+  --tool-call-parser hermes` moves calls out of `content` into `message.tool_calls`, and a
+  reasoning parser moves the think into `reasoning` (`reasoning_content` before vLLM 0.11).
+  The turn is rebuilt so that `protocol.parse` sees what the model wrote: exactly, from the
+  logprobs' token bytes when present, else from the fields (think, `</think>`, content, then
+  each call as a Hermes block).
+- Deadlines: `timeout_s` bounds one request from its first byte sent to its answer, retries and
+  the model lookup included (a server that accepts connections and never answers, or trickles
+  one byte at a time, fails within it, with a clear error).
 
-Token-exact continuation is not possible over this API: assistant messages are sent as text
-(`Message.token_ids` is ignored), so training should use the in-process hf backend.
+Assistant messages are sent as text (`Message.token_ids` is ignored): a server re-tokenizes
+them, so token-exact multi-turn training sequences come from the server's own ids
+(`Completion.prompt_ids` + `Completion.token_ids`).
 """
 
 from __future__ import annotations
@@ -30,6 +43,7 @@ import base64
 import hashlib
 import io
 import itertools
+import json
 import random
 import threading
 from collections import OrderedDict
@@ -141,8 +155,9 @@ class OpenAIBackend:
     name = "openai"
 
     def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None, concurrency: int = 8,
-                 timeout_s: float = 300.0, max_retries: int = 4, endpoints: list[str] | None = None, *,
-                 backoff_s: float = 0.5, logprobs: bool = False, image_format: str = "png"):
+                 timeout_s: float = 600.0, max_retries: int = 4, endpoints: list[str] | None = None, *,
+                 backoff_s: float = 0.5, logprobs: bool = True, image_format: str = "png",
+                 server_extensions: bool = True):
         urls = list(endpoints) if endpoints else [base_url]
         if not urls or not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls):
             raise BackendError(f"server URLs must start with http:// or https://, got {urls!r}")
@@ -159,6 +174,7 @@ class OpenAIBackend:
         self.backoff_s = backoff_s
         self.logprobs = logprobs
         self.image_format = image_format
+        self.server_extensions = server_extensions
         self._models: dict[str, str] = {}  # endpoint -> served model id (when model is None)
         self._rr = itertools.count()
         self._state: _LoopState | None = None
@@ -235,33 +251,47 @@ class OpenAIBackend:
         if req.stop:
             body["stop"] = list(req.stop)
         if req.prefix:
+            if not self.server_extensions:
+                raise BackendError("a forced assistant prefix (think_prefix) needs a server that continues the final "
+                                   "message (vLLM, SGLang, paravt serve); turn server extensions on or the prefix off")
             body["continue_final_message"] = True
             body["add_generation_prompt"] = False
         if self.logprobs:
             body["logprobs"] = True
+        if self.server_extensions:
+            body["skip_special_tokens"] = False
+            body["return_token_ids"] = True
         return body
 
     async def _one(self, req: GenerateRequest) -> Completion:
         st = self._loop_state()
         body = await self._body(req)
         tried: list[str] = []
+        async with st.sem:  # waiting for a free slot does not count against the deadline
+            try:
+                return await asyncio.wait_for(self._attempts(st, body, req.prefix, tried), self.timeout_s)
+            except asyncio.TimeoutError:
+                where = " and ".join(dict.fromkeys(u.removesuffix("/v1") for u in tried)) or self.endpoints[0]
+                raise BackendError(f"no answer from {where} within {self.timeout_s:g} s "
+                                   f"({len(tried)} tries; raise the limit with --timeout)") from None
+
+    async def _attempts(self, st: _LoopState, body: dict, prefix: str, tried: list[str]) -> Completion:
         last, failed = "", None
-        async with st.sem:
-            for attempt in range(self.max_retries + 1):
-                url = self._pick(st, failed)
-                tried.append(url)
-                st.inflight[url] += 1
-                self.requests_sent[url] += 1
-                try:
-                    body["model"] = await self._model_for(st, url)
-                    data = await self._call(st, "POST", url + "/chat/completions", body)
-                    return _completion(data, req.prefix, url)
-                except _Retryable as e:
-                    last, failed, wait = str(e), url, e.wait_s
-                finally:
-                    st.inflight[url] -= 1
-                if attempt < self.max_retries:
-                    await asyncio.sleep(max(wait, self.backoff_s * (2**attempt) * (0.5 + random.random())))
+        for attempt in range(self.max_retries + 1):
+            url = self._pick(st, failed)
+            tried.append(url)
+            st.inflight[url] += 1
+            self.requests_sent[url] += 1
+            try:
+                body["model"] = await self._model_for(st, url)
+                data = await self._call(st, "POST", url + "/chat/completions", body)
+                return _completion(data, prefix, url)
+            except _Retryable as e:
+                last, failed, wait = str(e), url, e.wait_s
+            finally:
+                st.inflight[url] -= 1
+            if attempt < self.max_retries:
+                await asyncio.sleep(max(wait, self.backoff_s * (2**attempt) * (0.5 + random.random())))
         where = " and ".join(dict.fromkeys(u.removesuffix("/v1") for u in tried))
         raise BackendError(f"server at {where} unreachable after {len(tried)} tries (last: {last})")
 
@@ -280,29 +310,75 @@ class OpenAIBackend:
 def _completion(data: dict, prefix: str, url: str) -> Completion:
     try:
         choice = data["choices"][0]
-        text = choice["message"].get("content") or ""
+        message = choice["message"]
+        text = message.get("content") or ""
     except (KeyError, IndexError, TypeError, AttributeError):
         raise BackendError(f"{url} returned an unexpected body: {str(data)[:200]}") from None
+    finish = choice.get("finish_reason") or "stop"
+    if finish in ("tool_calls", "function_call"):  # a server-side tool parser's name for an ordinary stop
+        finish = "stop"
+    entries = (choice.get("logprobs") or {}).get("content") if isinstance(choice.get("logprobs"), dict) else None
+    entries = entries if isinstance(entries, list) and entries else None
+    reasoning = message.get("reasoning") or message.get("reasoning_content")
+    calls = message.get("tool_calls") or []
+    if reasoning or calls:  # a server-side parser split the turn: put it back together
+        text = _generated_text(entries, finish, choice.get("stop_reason")) or _rebuilt_text(reasoning, text, calls)
     if prefix and text.startswith(prefix):
         text = text[len(prefix):]  # some servers echo the continued message
     usage = data.get("usage") or {}
     details = usage.get("prompt_tokens_details") or {}
     logprobs, token_ids = None, None
-    content = (choice.get("logprobs") or {}).get("content") if isinstance(choice.get("logprobs"), dict) else None
-    if isinstance(content, list) and content:
-        logprobs = [float(t.get("logprob", 0.0)) for t in content]
-        toks = [str(t.get("token", "")) for t in content]
+    if entries:
+        logprobs = [float(t.get("logprob", 0.0)) for t in entries]
+        toks = [str(t.get("token", "")) for t in entries]
         if all(t.startswith("token_id:") and t[9:].isdigit() for t in toks):
             token_ids = [int(t[9:]) for t in toks]
+    ids = choice.get("token_ids")
+    if isinstance(ids, list) and all(isinstance(i, int) for i in ids):
+        token_ids = list(ids)  # vLLM's return_token_ids (the stop token included, as the hf backend reports it)
+    prompt_ids = data.get("prompt_token_ids")
+    prompt_ids = list(prompt_ids) if isinstance(prompt_ids, list) and all(isinstance(i, int) for i in prompt_ids) else None
     return Completion(
         text=text,
-        finish_reason=choice.get("finish_reason") or "stop",
+        finish_reason=finish,
         prompt_tokens=int(usage.get("prompt_tokens") or 0),
         completion_tokens=int(usage.get("completion_tokens") or 0),
         visual_tokens=int(details.get("image_tokens") or 0),  # paravt serve reports it; vLLM does not
         logprobs=logprobs,
         token_ids=token_ids,
+        prompt_ids=prompt_ids,
     )
+
+
+def _generated_text(entries: list | None, finish: str, stop_reason) -> str | None:
+    """The generated text from the logprobs' token bytes (exact, whatever the server's parsers did),
+    without the end-of-turn token that ended it; None when the server sent no bytes."""
+    if not entries or not all(isinstance(t.get("bytes"), list) for t in entries):
+        return None
+    if finish == "stop" and stop_reason is None:  # stopped by an end-of-sequence token: not part of the text
+        entries = entries[:-1]
+    return bytes(b for t in entries for b in t["bytes"]).decode("utf-8", errors="replace")
+
+
+def _rebuilt_text(reasoning: str | None, content: str, calls: list) -> str:
+    """The turn from a parser's fields when no token bytes came back: the think (closed), the rest of
+    the content, then each call as the Hermes block the model wrote. Whitespace around the parts
+    may differ from the original; the tags and the calls do not."""
+    from paravt import protocol as P
+
+    parts = [reasoning.strip() + "\n" + P.THINK_CLOSE] if reasoning else []
+    if content.strip():
+        parts.append(content.strip())
+    for c in calls:
+        fn = (c or {}).get("function") or {}
+        args = fn.get("arguments")
+        try:
+            args = json.loads(args) if isinstance(args, str) else args
+        except ValueError:
+            pass  # kept as written: protocol.parse reports it as an unreadable call
+        body = json.dumps({"name": fn.get("name"), "arguments": args}, ensure_ascii=False)
+        parts.append(f"{P.TOOL_CALL_OPEN}\n{body}\n{P.TOOL_CALL_CLOSE}")
+    return "\n".join(parts)
 
 
 def _retry_after(r: httpx.Response) -> float:

@@ -2,8 +2,12 @@
 
 The tokenizer is a byte-level BPE trained in code on a small built-in corpus (the project's
 own prompts plus SynthVT-style vocabulary), carrying every Qwen special token and our tags as
-single tokens. Saved with `save_pretrained`, the directory loads back through the same
-`paravt.models.load_model` path that loads `Qwen/Qwen3-VL-8B-Instruct`.
+single tokens. As in Qwen3's tokenizer, the tags (`<think>`, `<tool_call>`, ...) are ordinary
+added tokens, not special ones: servers drop special tokens from returned text by default
+(vLLM's skip_special_tokens), and the episode's structure must survive that. The chat template
+is Qwen3-VL-Instruct's own (tools, tool responses, images), so the hf renderer, `paravt serve`
+and vLLM all see the same tokens. Saved with `save_pretrained`, the directory loads back through
+the same `paravt.models.load_model` path that loads `Qwen/Qwen3-VL-8B-Instruct`.
 """
 
 from __future__ import annotations
@@ -22,19 +26,10 @@ QWEN_SPECIAL = [
 ]
 OUR_TAGS = list(P.ALL_TAGS)
 
-# Qwen-style chat template (system/user/assistant; images as vision_start + image_pad + vision_end).
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
-    "{%- if message['content'] is string %}{{- message['content'] }}"
-    "{%- else %}{%- for part in message['content'] %}"
-    "{%- if part['type'] == 'image' or 'image' in part %}{{- '<|vision_start|><|image_pad|><|vision_end|>' }}"
-    "{%- elif part['type'] == 'text' %}{{- part['text'] }}{%- endif %}"
-    "{%- endfor %}{%- endif %}"
-    "{{- '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
+# The chat template of the Qwen3-VL-Instruct checkpoints (their chat_template.json), kept verbatim
+# as data: a tiny model served by vLLM is prompted through its tokenizer's template, and it must
+# produce the very tokens the hf renderer does (tests/test_chat_template.py).
+CHAT_TEMPLATE = (Path(__file__).parent / "qwen3_vl_chat_template.jinja").read_text()
 
 SIZES = {
     # hidden, layers, heads, kv heads, intermediate, vision hidden, vision depth
@@ -91,7 +86,19 @@ def _trained_bpe(vocab_size: int) -> str:
         show_progress=False,
     )
     tok.train_from_iterator(_corpus(), trainer)
-    return tok.to_str()
+    return _tags_not_special(tok.to_str())
+
+
+def _tags_not_special(tokenizer_json: str) -> str:
+    """Our tags as ordinary added tokens (same ids, still one token each), as Qwen3 has `<think>`
+    and `<tool_call>`: decoding with skip_special_tokens keeps them."""
+    import json
+
+    data = json.loads(tokenizer_json)
+    for t in data["added_tokens"]:
+        if t["content"] in OUR_TAGS:
+            t["special"] = False
+    return json.dumps(data, ensure_ascii=False)
 
 
 def build_tokenizer(vocab_size: int = 3000):
@@ -104,7 +111,7 @@ def build_tokenizer(vocab_size: int = 3000):
         tokenizer_object=Tokenizer.from_str(_trained_bpe(vocab_size)),
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        additional_special_tokens=[t for t in QWEN_SPECIAL if t not in ("<|im_end|>", "<|endoftext|>")] + OUR_TAGS,
+        additional_special_tokens=[t for t in QWEN_SPECIAL if t not in ("<|im_end|>", "<|endoftext|>")],
         model_max_length=32768,
         padding_side="left",
         clean_up_tokenization_spaces=False,

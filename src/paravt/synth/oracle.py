@@ -22,7 +22,8 @@ from typing import Callable
 import numpy as np
 
 from paravt import protocol as P
-from paravt.agent import EpisodeConfig, build_main_messages, build_subagent_messages
+from paravt.agent import (EpisodeConfig, build_final_message, build_main_messages, build_subagent_messages,
+                          build_tool_response_messages, tool_response_parts)
 from paravt.backends.base import ImagePart, Message, TextPart
 from paravt.synth.questions import Question, article, describe_frames, evidence_visible
 from paravt.synth.render import VideoSpec
@@ -225,7 +226,7 @@ def oracle_messages(traj: Trajectory, q: Question, duration: float,
     cfg = config or EpisodeConfig()
     prefix = cfg.prefix
     msgs = build_main_messages(_frames(traj.overview_times), duration, q.question, q.question_type, cfg.mode,
-                               cfg.max_parallel)
+                               cfg.max_parallel, prompts=cfg.prompts)
     body = f"{traj.think}{P.THINK_CLOSE}\n" if prefix else f"{P.THINK_OPEN}{traj.think}{P.THINK_CLOSE}\n"
     final_body = (f"{traj.final_think}{P.THINK_CLOSE}\n" if prefix
                   else f"{P.THINK_OPEN}{traj.final_think}{P.THINK_CLOSE}\n")
@@ -241,14 +242,13 @@ def oracle_messages(traj: Trajectory, q: Question, duration: float,
     if cfg.max_turns < 2:
         raise ValueError("a trajectory with tool calls needs max_turns >= 2")
     msgs.append(Message("assistant", prefix + body + "\n".join(P.format_tool_call(c.start, c.end) for c in traj.calls)))
-    parts = [TextPart(P.format_tool_response(c.summary) + "\n") for c in traj.calls]
+    msgs += build_tool_response_messages([tool_response_parts(c.summary) for c in traj.calls], cfg.prompts)
     if cfg.max_turns == 2:  # the episode tells the agent to answer now after the round before its last turn
-        parts.append(TextPart("\n" + P.final_answer_instruction(q.question_type)))
-    msgs.append(Message("user", parts))
+        msgs.append(build_final_message(q.question_type, cfg.prompts))
     msgs.append(Message("assistant", prefix + final_body + answer))
     for c in traj.calls:
         sub = build_subagent_messages(_frames(c.frame_times), c.start, c.end,
-                                      q.question if cfg.subagent_sees_question else None)
+                                      q.question if cfg.subagent_sees_question else None, cfg.prompts)
         sub.append(Message("assistant", c.summary))
         subs.append(sub)
     return msgs, subs
