@@ -23,6 +23,12 @@ class BackendError(RuntimeError):
     """A model call failed in a way the caller should report (dead server, 4xx, bad model path)."""
 
 
+class RequestRejected(BackendError):
+    """A request that can never be served as sent (longer than the model's context, an image that
+    cannot be read): the caller's fault, not the model's. `paravt serve` answers it with HTTP 400
+    before any generation work."""
+
+
 @dataclass
 class TextPart:
     text: str
