@@ -2,10 +2,11 @@
 
     .venv/bin/python benchmarks/bench_generate.py [--tokens 128] [--size tiny] [--threads 2] [--spin]
 
-Generation is forced to full length (end tokens ignored). Each decode row is run with the
-backend's lean decode step and, for comparison, stepping through `model.forward` (what
-`generate()` does per token). Wall time depends on what else runs on the machine; CPU time of
-this process is reported beside it (tokens per CPU-second ~ tokens/s on an otherwise idle core).
+Generation is forced to full length (end tokens ignored). Wall time depends on what else runs on
+the machine; CPU time of this process is reported beside it (tokens per CPU-second ~ tokens/s on
+an otherwise idle core). The last rows measure continuous batching: the latency of a 16-token
+request sent while a long generation runs, for two lengths of the long one (it should not grow
+with that length).
 
 OpenMP's default is to spin-wait between parallel regions; on a shared machine those spinning
 threads steal the cores the work needs (measured: decode ~5x slower with 2 spinning threads).
@@ -62,29 +63,46 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     model, processor = build_tiny(size=args.size)
     n_params = sum(p.numel() for p in model.parameters())
-    backends = {"lean step": HFBackend(model, processor), "model.forward": HFBackend(model, processor, fast_decode=False)}
-    for b in backends.values():
-        b.renderer.stop_ids = set()
-        b.generate_sync([request(1, 64, 4)])  # warm-up
+    backend = HFBackend(model, processor)
+    backend.renderer.stop_ids = set()
+    backend.generate_sync([request(1, 64, 4)])  # warm-up
     load = os.getloadavg()[0]
     table = Table(title=f"tiny Qwen3-VL ({n_params / 1e6:.2f} M params), torch threads {torch.get_num_threads()}, "
-                        f"decode threads {backends['lean step'].decode_threads or torch.get_num_threads()}, "
+                        f"decode threads {backend.decode_threads or torch.get_num_threads()}, "
                         f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'default')}, "
                         f"{os.cpu_count()} CPUs, load avg {load:.1f}")
-    for col in ("case", "decode", "prompt tokens", "wall s", "CPU s", "new tok/s", "new tok/CPU-s"):
+    for col in ("case", "prompt tokens", "wall s", "CPU s", "new tok/s", "new tok/CPU-s"):
         table.add_column(col)
     for batch in (1, 8):
-        for name, backend in backends.items():
-            reqs = [request(4, 64, args.tokens, seed=s) for s in range(batch)]
-            out, wall, cpu = timed(backend, reqs)
-            n = sum(o.completion_tokens for o in out)
-            table.add_row(f"decode {args.tokens} tokens, batch {batch}, 4 frames", name, str(out[0].prompt_tokens),
-                          f"{wall:.2f}", f"{cpu:.2f}", f"{n / wall:.0f}", f"{n / cpu:.0f}")
+        reqs = [request(4, 64, args.tokens, seed=s) for s in range(batch)]
+        out, wall, cpu = timed(backend, reqs)
+        n = sum(o.completion_tokens for o in out)
+        table.add_row(f"decode {args.tokens} tokens, batch {batch}, 4 frames", str(out[0].prompt_tokens),
+                      f"{wall:.2f}", f"{cpu:.2f}", f"{n / wall:.0f}", f"{n / cpu:.0f}")
     for side in (64, 224):
-        out, wall, cpu = timed(backends["lean step"], [request(64, side, 1)])
-        table.add_row(f"prefill, 64 frames {side}x{side}", "-", f"{out[0].prompt_tokens} ({out[0].visual_tokens} visual)",
+        out, wall, cpu = timed(backend, [request(64, side, 1)])
+        table.add_row(f"prefill, 64 frames {side}x{side}", f"{out[0].prompt_tokens} ({out[0].visual_tokens} visual)",
                       f"{wall:.2f}", f"{cpu:.2f}", "-", "-")
+    for long_tokens in (500, 2000):
+        wall = short_behind_long(backend, long_tokens)
+        table.add_row(f"16-token request sent 0.2 s into a {long_tokens}-token one", "-", f"{wall:.2f}", "-", "-", "-")
     Console(width=170).print(table)
+
+
+def short_behind_long(backend: HFBackend, long_tokens: int) -> float:
+    """Seconds until a short request completes while a long one is decoding."""
+    import asyncio
+
+    async def run() -> float:
+        long_task = asyncio.ensure_future(backend.generate([request(4, 64, long_tokens, seed=1)]))
+        await asyncio.sleep(0.2)
+        t = time.perf_counter()
+        await backend.generate([request(4, 64, 16, seed=2)])
+        wall = time.perf_counter() - t
+        await long_task
+        return wall
+
+    return asyncio.run(run())
 
 
 if __name__ == "__main__":

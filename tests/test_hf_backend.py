@@ -85,22 +85,8 @@ def test_sampling_is_seeded(tiny):
     assert r(1) != r(2)
 
 
-def test_lean_decode_step_equals_model_forward(tiny):
-    """The hand-written decode step and stepping through model.forward give the same tokens and
-    logprobs, on a left-padded batch mixing greedy and sampled rows."""
-    model, processor = tiny
-    reqs = [GenerateRequest(msgs(seed=s, n_frames=1 + s), max_new_tokens=10, temperature=0.0 if s else 1.0, seed=s)
-            for s in range(3)]
-    ref = HFBackend(model, processor, fast_decode=False).generate_sync(reqs)
-    got = HFBackend(model, processor, fast_decode=True).generate_sync(reqs)
-    assert len({len(c.prompt_ids) for c in got}) == 3  # really padded
-    for a, b in zip(ref, got):
-        assert a.token_ids == b.token_ids
-        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
-
-
 def test_weight_updates_are_seen_by_the_next_generation(tiny):
-    """A trainer updates weights in place between rollouts; the decode step must not keep stale copies."""
+    """A trainer updates weights in place between rollouts; generation must use the new ones."""
     model, processor = tiny
     backend = HFBackend(model, processor)
     req = GenerateRequest(msgs(), max_new_tokens=5)
@@ -180,16 +166,15 @@ def test_a_bad_request_fails_alone(tiny):
         backend.generate_sync([GenerateRequest(msgs(), max_new_tokens=0)])
 
 
-def test_text_keeps_our_tags_and_drops_chat_tokens(tiny):
-    from paravt.backends.hf import strip_chat_tokens
+def test_summaries_keep_our_tags_and_drop_chat_tokens():
+    from paravt.agent import summary_of
 
-    s = f"{P.THINK_OPEN}x{P.THINK_CLOSE}<|im_start|><|vision_start|>{P.ANSWER_OPEN}B{P.ANSWER_CLOSE}<|im_end|>"
-    assert strip_chat_tokens(s) == f"{P.THINK_OPEN}x{P.THINK_CLOSE}{P.ANSWER_OPEN}B{P.ANSWER_CLOSE}"
+    s = f"{P.THINK_OPEN}x{P.THINK_CLOSE}<|im_start|>user<|vision_start|>A red star.<|im_end|>"
+    assert summary_of(s) == "userA red star."
 
 
-@pytest.mark.parametrize("fast", [False, True])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_vision_placeholders_are_never_generated(tiny, fast, temperature):
+def test_vision_placeholders_are_never_generated(tiny, temperature):
     """A model that prefers <|image_pad|> (here pushed there by a hook on lm_head) still never emits
     it: a generated placeholder has no frame behind it and would break the next forward pass."""
     model, processor = tiny
@@ -206,7 +191,7 @@ def test_vision_placeholders_are_never_generated(tiny, fast, temperature):
 
     handle = model.lm_head.register_forward_hook(favour_pad)
     try:
-        c = HFBackend(model, processor, fast_decode=fast).generate_sync(
+        c = HFBackend(model, processor).generate_sync(
             [GenerateRequest(msgs(), max_new_tokens=6, temperature=temperature, seed=0)])[0]
     finally:
         handle.remove()
@@ -214,3 +199,108 @@ def test_vision_placeholders_are_never_generated(tiny, fast, temperature):
     assert not set(c.token_ids) & set(renderer.banned_ids)
     # the logprobs stay the raw model's (what training recomputes), not the masked sampler's
     assert all(lp < -100 for lp in c.logprobs)
+
+
+# ---- continuous batching, cancellation, context limit ----------------------------------------------
+
+
+def favour(model, token_id: int, bonus: float = 1e4):
+    """A hook that makes `token_id` the model's next token (returns its handle)."""
+
+    def hook(module, args, out):
+        out = out.clone()
+        out[..., token_id] += bonus
+        return out
+
+    return model.lm_head.register_forward_hook(hook)
+
+
+def never_stop(backend):
+    """Generation runs to max_new_tokens: no stop token ends it (benchmark-style forced lengths)."""
+    backend.renderer.stop_ids = set()
+    return backend
+
+
+def test_a_short_request_is_not_held_behind_a_long_one(tiny):
+    """Requests join the rows in flight at the next decode step: one arriving while a 300-token
+    generation runs finishes while that one is still running, and its result is the same as alone."""
+    model, processor = tiny
+    backend = never_stop(HFBackend(model, processor))
+    short = GenerateRequest(msgs(seed=4), max_new_tokens=4)
+    alone = never_stop(HFBackend(model, processor)).generate_sync([short])[0]
+
+    async def run():
+        long_task = asyncio.ensure_future(backend.generate([GenerateRequest(msgs(seed=3), max_new_tokens=300)]))
+        await asyncio.sleep(0.3)  # the long one is decoding
+        got = (await backend.generate([short]))[0]
+        return got, long_task.done(), await long_task
+
+    got, long_done, long_out = asyncio.run(run())
+    assert not long_done and len(long_out[0].token_ids) == 300
+    assert got.token_ids == alone.token_ids and backend.batch_sizes == [1, 1] and backend.peak_rows == 2
+    np.testing.assert_allclose(got.logprobs, alone.logprobs, atol=1e-4)
+
+
+def test_a_cancelled_request_stops_being_computed(tiny):
+    """A caller that gives up (a cancelled task, a disconnected client) frees its row at once."""
+    model, processor = tiny
+    backend = never_stop(HFBackend(model, processor))
+    steps = []
+    handle = model.register_forward_hook(lambda m, a, out: steps.append(1))
+
+    async def run():
+        task = asyncio.ensure_future(backend.generate([GenerateRequest(msgs(), max_new_tokens=5000)]))
+        await asyncio.sleep(0.5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        n = len(steps)
+        await asyncio.sleep(0.5)
+        return n, len(steps)
+
+    try:
+        at_cancel, later = asyncio.run(run())
+    finally:
+        handle.remove()
+    assert 1 < at_cancel < 5000 and later - at_cancel <= 1  # at most the step in flight
+
+
+def test_prompts_longer_than_the_context_are_refused_before_any_work(tiny):
+    from paravt.backends.base import RequestRejected
+
+    model, processor = tiny
+    n = len(HFBackend(model, processor).renderer.render(msgs(n_frames=1)).ids)
+    backend = HFBackend(model, processor, max_model_len=n + 10)
+    with pytest.raises(RequestRejected, match=f"context is {n + 10} tokens"):
+        backend.generate_sync([GenerateRequest(msgs(n_frames=1), max_new_tokens=11)])
+    ok = backend.generate_sync([GenerateRequest(msgs(n_frames=1), max_new_tokens=10)])[0]
+    assert len(ok.prompt_ids) == n
+    assert backend.batches_run == 1  # the refused one never reached the model
+    # a huge text is refused after counting one bounded chunk, not by tokenizing all of it
+    seen = []
+    encode = backend.renderer.encode
+    backend.renderer.encode = lambda t: seen.append(len(t)) or encode(t)
+    huge = [Message("user", "word " * 2_000_000)]  # 10 MB
+    with pytest.raises(RequestRejected):
+        backend.generate_sync([GenerateRequest(huge, max_new_tokens=5)])
+    assert max(seen) <= backend.renderer.CHUNK_CHARS and sum(seen) <= 2 * backend.renderer.CHUNK_CHARS
+
+
+def test_completion_text_is_what_the_model_wrote(tiny):
+    """Chat-format tokens a model writes stay in the text (the degenerate-output reward looks for a
+    rollout that runs on into fake `<|im_start|>` turns); only the token that ended the turn goes."""
+    model, processor = tiny
+    backend = HFBackend(model, processor)
+    start = backend.renderer.im_start
+    handle = favour(model, start)
+    try:
+        c = backend.generate_sync([GenerateRequest(msgs(), max_new_tokens=6)])[0]
+    finally:
+        handle.remove()
+    assert c.token_ids == [start] * 6 and c.text == "<|im_start|>" * 6
+    handle = favour(model, backend.renderer.im_end)
+    try:
+        c = backend.generate_sync([GenerateRequest(msgs(), max_new_tokens=6)])[0]
+    finally:
+        handle.remove()
+    assert c.token_ids == [backend.renderer.im_end] and c.text == "" and c.finish_reason == "stop"

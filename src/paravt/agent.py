@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from paravt import protocol as P
-from paravt.backends.base import Backend, BackendError, Completion, GenerateRequest, ImagePart, Message, TextPart
+from paravt.backends.base import (Backend, BackendError, Completion, GenerateRequest, ImagePart, Message, TextPart,
+                                  strip_chat_tokens)
 from paravt.video import Frame, VideoError, VideoReader
 
 EventHook = Callable[[str, dict], None]
@@ -299,7 +300,9 @@ _THINK_BLOCK = re.compile(re.escape(P.THINK_OPEN) + r".*?(" + re.escape(P.THINK_
 
 
 def summary_of(text: str) -> str:
-    """What a sub-agent returns to the main agent: its text without any think block."""
+    """What a sub-agent returns to the main agent: its text without any think block or chat-format
+    token (a stray `<|im_start|>` inside a user message would open a fake turn)."""
+    text = strip_chat_tokens(text)
     out = _THINK_BLOCK.sub("", text).strip()
     return out or text.strip()
 

@@ -29,6 +29,20 @@ class RequestRejected(BackendError):
     before any generation work."""
 
 
+# Qwen's chat-format special tokens: structure of the conversation, never content of a message.
+CHAT_SPECIALS = ("<|im_end|>", "<|endoftext|>", "<|im_start|>", "<|vision_start|>", "<|vision_end|>",
+                 "<|image_pad|>", "<|video_pad|>", "<|vision_pad|>")
+
+
+def strip_chat_tokens(text: str) -> str:
+    """The text without chat-format special tokens (our tags, <think>, <tool_call>..., kept): for
+    generated text that becomes part of another message (a sub-agent's summary), where a stray
+    `<|im_start|>` would be read as a new turn."""
+    for special in CHAT_SPECIALS:
+        text = text.replace(special, "")
+    return text
+
+
 @dataclass
 class TextPart:
     text: str
@@ -86,7 +100,7 @@ class GenerateRequest:
 
 @dataclass
 class Completion:
-    text: str  # generated text only (without the forced prefix), special tokens of the chat format stripped
+    text: str  # generated text only (without the forced prefix and the token that ended the turn), as written
     finish_reason: str = "stop"  # "stop" | "length" | "error"
     prompt_tokens: int = 0  # all tokens of the context, visual included
     visual_tokens: int = 0  # the visual share of prompt_tokens (0 if unknown)

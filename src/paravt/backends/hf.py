@@ -1,38 +1,42 @@
-"""In-process transformers backend for Qwen3-VL checkpoints, with request batching.
+"""In-process transformers backend for Qwen3-VL checkpoints, with continuous batching.
 
-Requests that arrive while the model is busy (the sub-agents of one turn, the episodes of an
-eval batch, the rollouts of a GRPO group) are collected and run as one left-padded batch on a
-worker thread, so the event loop never blocks.
+One worker thread owns the model and runs a loop of decode steps over the rows in flight. A
+request that arrives meanwhile (the sub-agents of one turn, the episodes of an eval batch, the
+rollouts of a GRPO group, a client of `paravt serve`) is prefilled at the next step, together
+with whatever else arrived, and its KV cache is merged into the running batch: a short request
+is not held behind a long one, and its latency does not grow with the other's length. A row
+leaves the batch as soon as it stops, and at once when its caller gives up (a cancelled task,
+a disconnected client): nothing keeps computing for nobody. The event loop never blocks.
 
 Decoding is our own loop rather than `generate()`: we need raw-model logprobs of every chosen
 token for PPO, exact prompt ids for token-exact trajectories, per-row sampling settings and
-seeds, and per-row stopping. The prefill (vision encoder, DeepStack, 3-D M-RoPE positions from
-the model's own `get_rope_index`) is one ordinary `model(...)` call. Decode steps then run
-`TextDecodeStep`, a lean re-statement of the Qwen3-VL text decoder for one new token per row
-over the model's own weights and a preallocated KV cache. Why hand-written: profiling the tiny
-model on CPU showed each decode step through `model.forward` costing ~60 small torch ops per
-layer plus wrapper work (output capturing, causal-mask construction, rotary recomputation,
-DynamicCache concatenation that copies the whole cache every step); with a few hundred
-thousand weights per layer that overhead, not arithmetic, was the per-token time. Generated
-tokens are text, so a decode step needs no vision, no DeepStack and (all three M-RoPE axes
-being equal for text) only 1-D rotary tables. `fast_decode=False` steps through
-`model.forward` instead; tests check both give the same logits.
+seeds, per-row stopping, and rows joining and leaving between steps. Every forward pass is the
+model's own `model(...)` with transformers' DynamicCache: the prefill (vision encoder, DeepStack,
+3-D M-RoPE positions from the model's `get_rope_index`) and each decode step (explicit per-row
+positions, a 2-D attention mask that hides left padding). An earlier hand-written decode step
+(the Qwen3-VL text decoder restated over the model's weights) was 14 % faster for the 1.4 M
+parameter tiny model on CPU (444 vs 389 new tokens/s, batch 1); not worth a second copy of the
+model's math that would silently diverge when transformers changes Qwen3-VL.
+
+A request whose prompt plus `max_new_tokens` exceeds the model's context (`max_model_len`,
+default the text config's max_position_embeddings) fails with RequestRejected before any model
+work; text is counted in bounded chunks, so a 60 MB prompt is refused without tokenizing it whole.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import queue
 import threading
 import time
-import weakref
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from paravt.backends.base import BackendError, Completion, GenerateRequest, ImagePart, Message, TextPart
+from paravt.backends.base import (BackendError, Completion, GenerateRequest, ImagePart, Message, RequestRejected,
+                                  TextPart)
 
 # ----------------------------------------------------------------------------------------------
 # prompt rendering (shared with the trainer so training inputs equal rollout inputs)
@@ -77,7 +81,10 @@ class Renderer:
         self.newline = self.encode("\n")
         self._cache: dict[str, list[int]] = {}
         # generation ends at these ids (benchmarks may empty it to force fixed-length outputs)
-        self.stop_ids = {self.im_end} | ({t.eos_token_id} if t.eos_token_id is not None else set())
+        # Qwen checkpoints end a turn with <|im_end|> and also stop at <|endoftext|> (their
+        # generation_config lists both)
+        endoftext = t.convert_tokens_to_ids("<|endoftext|>")
+        self.stop_ids = {self.im_end} | {i for i in (t.eos_token_id, endoftext) if i is not None and i != t.unk_token_id}
         # never sampled: a generated vision placeholder has no frame behind it, so the completion
         # could not be fed back (next turn, or a training forward pass) without a shape error
         vision = [t.convert_tokens_to_ids(n) for n in
@@ -93,6 +100,23 @@ class Renderer:
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False) if text else []
+
+    CHUNK_CHARS = 65536
+
+    def encode_within(self, text: str, budget: int) -> list[int]:
+        """`encode(text)`, or RequestRejected once it is known to need more than `budget` tokens.
+        A long text is first counted in chunks (stopping at the budget), so a huge prompt costs one
+        chunk's memory to refuse, not a tokenization of the whole."""
+        if len(text) > self.CHUNK_CHARS:
+            n = 0
+            for i in range(0, len(text), self.CHUNK_CHARS):
+                n += len(self.encode(text[i: i + self.CHUNK_CHARS]))  # a chunk boundary shifts counts by ~1
+                if n > budget + len(text) // self.CHUNK_CHARS + 1:
+                    raise RequestRejected(f"the prompt needs more than {budget} tokens of text")
+        ids = self.encode(text)
+        if len(ids) > budget:
+            raise RequestRejected(f"the prompt needs more than {budget} tokens of text")
+        return ids
 
     def _header(self, role: str) -> list[int]:
         key = "h:" + role
@@ -112,7 +136,11 @@ class Renderer:
         h, w = self.image_size(image)
         return (h // self.patch) * (w // self.patch) // (self.merge * self.merge)
 
-    def render(self, messages: list[Message], prefix: str = "", add_generation_prompt: bool = True) -> Rendered:
+    def render(self, messages: list[Message], prefix: str = "", add_generation_prompt: bool = True,
+               max_tokens: int | None = None) -> Rendered:
+        """Token ids of `messages` (+ the generation header and forced `prefix`), images in order.
+        With `max_tokens`, RequestRejected as soon as the prompt is known to be longer."""
+        budget = max_tokens if max_tokens is not None else 1 << 62
         ids: list[int] = []
         images: list[np.ndarray] = []
         visual = 0
@@ -129,7 +157,7 @@ class Renderer:
                 continue
             for part in m.parts():
                 if isinstance(part, TextPart):
-                    ids += self.encode(part.text)
+                    ids += self.encode_within(part.text, budget - len(ids))
                 elif isinstance(part, ImagePart):
                     n = self.image_tokens(part.image)
                     ids += [self.vision_start] + [self.image_pad] * n + [self.vision_end]
@@ -137,12 +165,16 @@ class Renderer:
                     visual += n
                 else:
                     raise ValueError(f"unknown message part {type(part).__name__}")
+                if len(ids) > budget:
+                    raise RequestRejected(f"the prompt is longer than {budget} tokens")
             ids += [self.im_end] + self.newline
         prefix_ids: list[int] = []
         if add_generation_prompt:
             ids += self._header("assistant")
             prefix_ids = self.encode(prefix)
             ids += prefix_ids
+        if len(ids) > budget:
+            raise RequestRejected(f"the prompt is {len(ids)} tokens, over the limit of {budget}")
         return Rendered(ids=ids, images=images, visual_tokens=visual, prefix_ids=prefix_ids)
 
     def pixel_inputs(self, images: list[np.ndarray]) -> dict:
@@ -207,227 +239,177 @@ def sequence_logprobs(model, renderer: Renderer, prompt_ids: list[int], completi
     return torch.log_softmax(logits, dim=-1).gather(-1, target[:, None])[:, 0]
 
 
+
+
 # ----------------------------------------------------------------------------------------------
-# decoding
+# decoding: rows in flight, one step at a time
 
 
-class _KV:
-    """Per-layer K/V buffers (B, kv_heads, capacity, head_dim) filled up to `length`; grows in chunks
-    so a step writes one column instead of concatenating the whole cache."""
+@dataclass
+class _Job:
+    """One request on its way through the worker."""
 
-    CHUNK = 256
+    request: GenerateRequest
+    future: concurrent.futures.Future
+    rendered: Rendered | None = None
+    generator: torch.Generator | None = None
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    reason: str = "length"
 
-    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], reserve: int):
-        self.length = keys[0].shape[-2]
-        cap = self.length + max(1, min(reserve, self.CHUNK))
-        self.k = [self._alloc(k, cap) for k in keys]
-        self.v = [self._alloc(v, cap) for v in values]
-
-    @staticmethod
-    def _alloc(t: torch.Tensor, cap: int) -> torch.Tensor:
-        buf = t.new_empty((*t.shape[:-2], cap, t.shape[-1]))
-        buf[..., : t.shape[-2], :] = t
-        return buf
-
-    def ensure(self, extra: int) -> None:
-        cap = self.k[0].shape[-2]
-        if self.length + extra <= cap:
-            return
-        new_cap = cap + max(self.CHUNK, extra)
-        self.k = [self._alloc(k[..., : self.length, :], new_cap) for k in self.k]
-        self.v = [self._alloc(v[..., : self.length, :], new_cap) for v in self.v]
-
-    def select(self, rows: torch.Tensor) -> None:
-        self.k = [k.index_select(0, rows) for k in self.k]
-        self.v = [v.index_select(0, rows) for v in self.v]
+    def gone(self) -> bool:
+        """The caller stopped waiting (cancelled task, timeout, disconnected client)."""
+        return self.future.done()
 
 
-def _dynamic_cache_tensors(cache) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    if hasattr(cache, "layers"):
-        return [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers]
-    return list(cache.key_cache), list(cache.value_cache)  # older transformers
+@dataclass
+class _Batch:
+    """The rows being decoded: their jobs, one KV cache (left-padded to a common length), the 2-D
+    attention mask that hides the padding, each row's next position, the logits of its next token."""
+
+    jobs: list[_Job]
+    cache: object  # transformers.DynamicCache
+    attention: torch.Tensor  # (B, L) long
+    positions: torch.Tensor  # (B,) long
+    logits: torch.Tensor  # (B, vocab) float32
 
 
-def fast_decode_supported(model) -> bool:
-    """TextDecodeStep restates the dense Qwen3-VL text decoder (SiLU MLP, full attention, default
-    M-RoPE); other variants step through model.forward."""
-    try:
-        cfg = model.model.language_model.config
-        rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-    except AttributeError:
-        return False
-    layer_types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
-    return (type(model).__name__ == "Qwen3VLForConditionalGeneration" and cfg.hidden_act == "silu"
-            and layer_types == {"full_attention"} and rope.get("rope_type", "default") == "default")
+def _map_cache(cache, fn) -> None:
+    for layer in cache.layers:
+        layer.keys, layer.values = fn(layer.keys), fn(layer.values)
 
 
-class TextDecodeStep:
-    """One decode step of the Qwen3-VL text decoder for one new (text) token per row, over the
-    model's own weights and a `_KV` cache.
-
-    Same math as `Qwen3VLTextModel.forward` for a text token: RMSNorm -> q/k/v projections ->
-    per-head q/k RMSNorm -> rotary (text tokens have equal T/H/W positions, so M-RoPE reduces to
-    1-D rotary with the model's inv_freq) -> attention over the cache -> o_proj, residual, SwiGLU
-    MLP, residual; final norm and lm_head. For small models (where per-op overhead is the cost)
-    the q/k/v and gate/up weights are concatenated into one matrix each; the copies are rebuilt
-    whenever a parameter changed in place (optimizer steps bump `Tensor._version`), so a trainer
-    updating the weights between rollouts is always seen."""
-
-    FUSE_MAX_PARAMS = 50_000_000  # above this, copying weights costs memory and buys nothing
-
-    def __init__(self, model):
-        lm = model.model.language_model
-        cfg = lm.config
-        self.model = model
-        self.lm = lm
-        self.n_heads = cfg.num_attention_heads
-        self.n_kv = cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.eps = cfg.rms_norm_eps
-        self.gqa = self.n_heads != self.n_kv
-        self.fuse = sum(p.numel() for p in lm.parameters()) <= self.FUSE_MAX_PARAMS
-        self._fused: list[tuple] | None = None
-        self._fused_key: tuple | None = None
-
-    def prepare(self) -> None:
-        """Refresh the fused weight copies if any parameter changed; call once per batch (walking
-        the parameters every step would cost more than the step)."""
-        if not self.fuse:
-            return
-        key = tuple((id(p), p._version) for p in self.lm.layers.parameters())
-        if self._fused is None or key != self._fused_key:
-            fused = []
-            for layer in self.lm.layers:
-                a, m = layer.self_attn, layer.mlp
-                bias = None
-                if a.q_proj.bias is not None:
-                    bias = torch.cat((a.q_proj.bias, a.k_proj.bias, a.v_proj.bias)).detach()
-                fused.append((
-                    torch.cat((a.q_proj.weight, a.k_proj.weight, a.v_proj.weight)).detach(),
-                    bias,
-                    torch.cat((a.q_norm.weight.expand(self.n_heads, -1), a.k_norm.weight.expand(self.n_kv, -1))).detach(),
-                    torch.cat((m.gate_proj.weight, m.up_proj.weight)).detach(),
-                ))
-            self._fused, self._fused_key = fused, key
-
-    def rotary(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sign-folded sin for positions (B,), shaped (B, 1, head_dim):
-        x*cos + roll(x, head_dim/2)*sin equals HF's x*cos + rotate_half(x)*sin."""
-        rot = self.lm.rotary_emb
-        freqs = positions[:, None].float() * rot.inv_freq.to(positions.device, torch.float)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * rot.attention_scaling).to(dtype)
-        sin = (emb.sin() * rot.attention_scaling).to(dtype)
-        half = self.head_dim // 2
-        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
-        return cos[:, None, :], sin[:, None, :]
-
-    def _rms(self, x: torch.Tensor) -> torch.Tensor:
-        """x / rms(x) in x's dtype, computed in float32 as HF's Qwen3VLTextRMSNorm does."""
-        if x.dtype == torch.float32:
-            return F.rms_norm(x, (x.shape[-1],), None, self.eps)
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-
-    def _norm(self, x: torch.Tensor, mod) -> torch.Tensor:
-        if x.dtype == torch.float32:
-            return F.rms_norm(x, (x.shape[-1],), mod.weight, mod.variance_epsilon)
-        return mod.weight * self._rms(x)
-
-    def __call__(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: _KV,
-                 mask: torch.Tensor | None) -> torch.Tensor:
-        """ids (B,) -> logits (B, vocab). cos/sin from `rotary`; mask (B, 1, 1, length+1) bool or None."""
-        B = ids.shape[0]
-        nh, nkv, hd = self.n_heads, self.n_kv, self.head_dim
-        half = hd // 2
-        t = kv.length
-        fused = self._fused if self.fuse else None
-        if self.fuse and fused is None:
-            raise RuntimeError("TextDecodeStep.prepare() must run before the first step")
-        h = F.embedding(ids, self.lm.embed_tokens.weight)[:, None, :]  # (B, 1, H)
-        for i, layer in enumerate(self.lm.layers):
-            a, m = layer.self_attn, layer.mlp
-            x = self._norm(h, layer.input_layernorm)
-            if fused is not None:
-                w_qkv, b_qkv, w_qkn, w_gu = fused[i]
-                qkv = F.linear(x, w_qkv, b_qkv).view(B, nh + 2 * nkv, hd)
-            else:
-                qkv = torch.cat((F.linear(x, a.q_proj.weight, a.q_proj.bias), F.linear(x, a.k_proj.weight, a.k_proj.bias),
-                                 F.linear(x, a.v_proj.weight, a.v_proj.bias)), dim=-1).view(B, nh + 2 * nkv, hd)
-                w_qkn = torch.cat((a.q_norm.weight.expand(nh, -1), a.k_norm.weight.expand(nkv, -1)))
-            qk = w_qkn * self._rms(qkv[:, : nh + nkv])
-            qk = qk * cos + qk.roll(half, dims=-1) * sin
-            kv.k[i][:, :, t] = qk[:, nh:]
-            kv.v[i][:, :, t] = qkv[:, nh + nkv:]
-            o = F.scaled_dot_product_attention(
-                qk[:, :nh, None], kv.k[i][:, :, : t + 1], kv.v[i][:, :, : t + 1], attn_mask=mask,
-                scale=a.scaling, enable_gqa=self.gqa,
-            )
-            h = h + F.linear(o.reshape(B, 1, nh * hd), a.o_proj.weight, a.o_proj.bias)
-            x = self._norm(h, layer.post_attention_layernorm)
-            if fused is not None:
-                gate, up = F.linear(x, w_gu).chunk(2, dim=-1)
-            else:
-                gate, up = F.linear(x, m.gate_proj.weight), F.linear(x, m.up_proj.weight)
-            h = h + F.linear(F.silu(gate) * up, m.down_proj.weight)
-        kv.length = t + 1
-        h = self._norm(h, self.lm.norm)
-        return self.model.lm_head(h)[:, 0]
+def _left_pad(t: torch.Tensor, n: int, dim: int) -> torch.Tensor:
+    if n == 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = n
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
 
 
-_STEPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def _decode_step(model) -> TextDecodeStep:
-    """One TextDecodeStep per model, so fused weight copies are reused across batches."""
-    step = _STEPS.get(model)
-    if step is None:
-        step = _STEPS[model] = TextDecodeStep(model)
-    return step
-
-
-@torch.no_grad()
-def decode_batch(model, renderer: Renderer, rendered: list[Rendered], reqs: list[GenerateRequest],
-                 fast: bool | None = None, decode_threads: int | None = None) -> list[Completion]:
-    """Prefill the batch once, then choose token by token with a KV cache.
-
-    Per row: greedy when temperature <= 0, else sampling from softmax(logits / temperature)
-    (top-p truncated when top_p < 1) with the row's own seeded generator, so a seeded request
-    gives the same tokens alone or in any batch. Reported logprobs are always
-    log_softmax(raw logits)[chosen] (temperature 1, no top-p): log pi(token | context) under the
-    model, what the policy-gradient ratio needs, independent of the sampling settings.
-    Finished rows are dropped from the batch once at most half of the rows are still running.
-    `decode_threads`: torch intra-op threads for the token-by-token phase (the prefill keeps the
-    caller's setting); see `default_decode_threads`."""
+def _prefill(model, renderer: Renderer, jobs: list[_Job]) -> _Batch:
+    """One forward pass over the new rows' prompts (left-padded together)."""
     from transformers import DynamicCache
 
-    if fast is None:
-        fast = fast_decode_supported(model)
-    inputs = model_inputs(model, renderer, [r.ids for r in rendered], [r.images for r in rendered])
+    inputs = model_inputs(model, renderer, [j.rendered.ids for j in jobs], [j.rendered.images for j in jobs])
     position_ids = inputs.pop("position_ids")
-    attention = inputs["attention_mask"]
     cache = DynamicCache(config=model.config.get_text_config())
     out = model(**inputs, position_ids=position_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-    logits = out.logits[:, -1, :].float()
-    del out
-    next_pos = position_ids.max(dim=-1).values.max(dim=0).values + 1  # (B,) next text position per row
-    max_new = max(r.max_new_tokens for r in reqs)
+    positions = position_ids.max(dim=-1).values.max(dim=0).values + 1  # (B,) next text position per row
+    return _Batch(jobs, cache, inputs["attention_mask"], positions, out.logits[:, -1, :].float())
 
-    step_fn, kv = None, None
-    if fast:  # hand the prefill's cache to the lean decode step
-        step_fn = _decode_step(model)
-        step_fn.prepare()
-        kv = _KV(*_dynamic_cache_tensors(cache), reserve=max_new)
-        cache = None
 
-    prev_threads = torch.get_num_threads()
-    if decode_threads:
-        torch.set_num_threads(decode_threads)  # per-thread under OpenMP: the caller's other threads keep theirs
-    try:
-        return _decode_loop(model, renderer, rendered, reqs, logits, next_pos, max_new, step_fn, kv, cache, attention)
-    finally:
-        if decode_threads:
-            torch.set_num_threads(prev_threads)
+def _merge(a: _Batch | None, b: _Batch) -> _Batch:
+    """The rows of both batches in one: the shorter cache is left-padded (masked) to the longer."""
+    if a is None:
+        return b
+    la, lb = a.attention.shape[1], b.attention.shape[1]
+    width = max(la, lb)
+    for x, y in zip(a.cache.layers, b.cache.layers):
+        x.keys = torch.cat([_left_pad(x.keys, width - la, 2), _left_pad(y.keys, width - lb, 2)])
+        x.values = torch.cat([_left_pad(x.values, width - la, 2), _left_pad(y.values, width - lb, 2)])
+    return _Batch(a.jobs + b.jobs, a.cache,
+                  torch.cat([_left_pad(a.attention, width - la, 1), _left_pad(b.attention, width - lb, 1)]),
+                  torch.cat([a.positions, b.positions]), torch.cat([a.logits, b.logits]))
+
+
+def _select(batch: _Batch, keep: list[int]) -> _Batch | None:
+    """The batch with only rows `keep`; columns that are padding in every remaining row are cut."""
+    if not keep:
+        return None
+    if len(keep) == len(batch.jobs):
+        return batch
+    idx = torch.tensor(keep, device=batch.attention.device)
+    attention = batch.attention.index_select(0, idx)
+    start = int((attention.sum(0) > 0).nonzero()[0])  # first column some row attends to
+    _map_cache(batch.cache, lambda t: t.index_select(0, idx)[:, :, start:])
+    return _Batch([batch.jobs[i] for i in keep], batch.cache, attention[:, start:],
+                  batch.positions.index_select(0, idx), batch.logits.index_select(0, idx))
+
+
+def _choose(batch: _Batch, banned: torch.Tensor) -> tuple[list[int], list[float]]:
+    """One token per row: greedy at temperature <= 0, else sampled from softmax(logits / T), top-p
+    truncated, with the row's own seeded generator (so a seeded request gives the same tokens
+    alone or in any batch). Logprobs are the raw model's, log_softmax(logits)[token] at
+    temperature 1 without top-p: what the policy-gradient ratio needs. Vision placeholders are
+    never chosen: a generated one has no frame behind it and would break the next forward pass."""
+    logits = batch.logits
+    lsm = torch.log_softmax(logits, dim=-1)
+    if banned.numel():
+        logits = logits.index_fill(-1, banned, float("-inf"))
+    chosen = torch.argmax(logits, dim=-1).cpu()
+    for j, job in enumerate(batch.jobs):
+        r = job.request
+        if r.temperature <= 0:
+            continue
+        probs = torch.softmax(logits[j] / r.temperature, dim=-1).cpu()
+        if r.top_p < 1.0:
+            sp, si = torch.sort(probs, descending=True)
+            keep = torch.cumsum(sp, 0) - sp < r.top_p
+            probs = torch.zeros_like(probs).scatter(0, si[keep], sp[keep])
+        chosen[j] = torch.multinomial(probs, 1, generator=job.generator)[0]
+    lp = lsm.gather(-1, chosen.to(lsm.device)[:, None])[:, 0].tolist()
+    return chosen.tolist(), lp
+
+
+def _finished(job: _Job, token: int, renderer: Renderer, max_model_len: int) -> bool:
+    r = job.request
+    if token in renderer.stop_ids:
+        job.reason = "stop"
+        return True
+    if len(job.tokens) >= r.max_new_tokens or len(job.rendered.ids) + len(job.tokens) >= max_model_len:
+        return True
+    if r.stop:
+        tail = renderer.tok.decode(job.tokens[-16:], skip_special_tokens=False)
+        if any(s and s in tail for s in r.stop):
+            job.reason = "stop"
+            return True
+    return False
+
+
+def _step(model, renderer: Renderer, batch: _Batch, banned: torch.Tensor, max_model_len: int
+          ) -> tuple[_Batch | None, list[_Job]]:
+    """Choose each row's next token, let finished rows go, and run the others one token further.
+    Returns the remaining batch and the jobs that finished."""
+    tokens, lps = _choose(batch, banned)
+    keep, done = [], []
+    for j, (job, t, lp) in enumerate(zip(batch.jobs, tokens, lps)):
+        job.tokens.append(t)
+        job.logprobs.append(lp)
+        if _finished(job, t, renderer, max_model_len):
+            done.append(job)
+        elif not job.gone():
+            keep.append(j)
+    fed = [tokens[j] for j in keep]
+    batch = _select(batch, keep)
+    if batch is None:
+        return None, done
+    n = len(batch.jobs)
+    device = batch.attention.device
+    batch.attention = torch.cat([batch.attention, batch.attention.new_ones((n, 1))], dim=1)
+    ids = torch.tensor(fed, device=device).view(n, 1)
+    # a text token's three M-RoPE positions (time, height, width) are equal
+    pos = batch.positions.view(1, n, 1).expand(3, n, 1)
+    out = model(input_ids=ids, attention_mask=batch.attention, position_ids=pos, past_key_values=batch.cache,
+                use_cache=True)
+    batch.logits = out.logits[:, -1, :].float()
+    batch.positions = batch.positions + 1
+    return batch, done
+
+
+def _completion(job: _Job, renderer: Renderer) -> Completion:
+    """The result of a finished job. `text` is everything the model wrote but the token that ended
+    its turn, special tokens included (a rollout that runs on into a fake `<|im_start|>user` turn
+    must be seen as such by the degenerate-output reward), and cut before a stop string."""
+    ids, rd, r = job.tokens, job.rendered, job.request
+    text_ids = ids[:-1] if ids and ids[-1] in renderer.stop_ids else ids
+    text = renderer.tok.decode(text_ids, skip_special_tokens=False)
+    cuts = [text.find(s) for s in r.stop if s and s in text]
+    if cuts:  # OpenAI semantics: the text ends before the stop string (token_ids keep what was generated)
+        text = text[: min(cuts)]
+    return Completion(text=text, finish_reason=job.reason, prompt_tokens=len(rd.ids), visual_tokens=rd.visual_tokens,
+                      completion_tokens=len(ids), prompt_ids=list(rd.ids), token_ids=list(ids),
+                      logprobs=list(job.logprobs), assistant_ids=list(rd.prefix_ids) + list(ids))
 
 
 def default_decode_threads(model) -> int | None:
@@ -437,121 +419,18 @@ def default_decode_threads(model) -> int | None:
     slower with 2 threads than with 1 on the 2-core dev box under load)."""
     if model.device.type != "cpu":
         return None
-    return 1 if sum(p.numel() for p in model.parameters()) <= TextDecodeStep.FUSE_MAX_PARAMS else None
+    return 1 if sum(p.numel() for p in model.parameters()) <= 50_000_000 else None
 
 
-def _decode_loop(model, renderer, rendered, reqs, logits, next_pos, max_new, step_fn, kv, cache, attention):
-    fast = step_fn is not None
-    device = model.device
-    B = len(reqs)
-    padded = bool((attention == 0).any())
-    valid = attention.bool()
-    generators = []
-    for r in reqs:
-        g = torch.Generator(device="cpu")
-        g.manual_seed(r.seed if r.seed is not None else int(time.time_ns() % (2**31)))
-        generators.append(g)
-    tokens: list[list[int]] = [[] for _ in range(B)]
-    logps: list[list[float]] = [[] for _ in range(B)]
-    reasons = ["length"] * B
-    eos = renderer.stop_ids
-    rows = list(range(B))  # request index of each live batch row
-    finished: set[int] = set()
-    pad_id = renderer.tok.pad_token_id or 0
-    banned = torch.tensor(renderer.banned_ids, dtype=torch.long, device=logits.device)
-    for step in range(max_new):
-        # --- choose one token per live row. Logprobs are the raw model's (what training recomputes);
-        # sampling excludes the banned vision tokens (their mass is ~0 in any trained model)
-        lsm = torch.log_softmax(logits, dim=-1)
-        logits = logits.index_fill(-1, banned, float("-inf"))
-        chosen = torch.argmax(logits, dim=-1).cpu()
-        for j, ri in enumerate(rows):
-            r = reqs[ri]
-            if ri in finished or r.temperature <= 0:
-                continue
-            probs = torch.softmax(logits[j] / r.temperature, dim=-1).cpu()
-            if r.top_p < 1.0:
-                sp, si = torch.sort(probs, descending=True)
-                keep = torch.cumsum(sp, 0) - sp < r.top_p
-                probs = torch.zeros_like(probs).scatter(0, si[keep], sp[keep])
-            chosen[j] = torch.multinomial(probs, 1, generator=generators[ri])[0]
-        chosen_dev = chosen.to(logits.device)
-        lp = lsm.gather(-1, chosen_dev[:, None])[:, 0].tolist()
-        for j, (ri, t) in enumerate(zip(rows, chosen.tolist())):
-            if ri in finished:
-                chosen[j] = pad_id
-                continue
-            tokens[ri].append(t)
-            logps[ri].append(lp[j])
-            if t in eos:
-                finished.add(ri)
-                reasons[ri] = "stop"
-            elif len(tokens[ri]) >= reqs[ri].max_new_tokens:
-                finished.add(ri)
-            elif reqs[ri].stop:
-                tail = renderer.tok.decode(tokens[ri][-16:], skip_special_tokens=False)
-                if any(s and s in tail for s in reqs[ri].stop):
-                    finished.add(ri)
-                    reasons[ri] = "stop"
-        if len(finished) == B:
-            break
-        live = [j for j, ri in enumerate(rows) if ri not in finished]
-        if fast and len(live) <= len(rows) // 2:  # compact: stop computing finished rows
-            sel = torch.tensor(live, device=device)
-            kv.select(sel)
-            next_pos = next_pos.index_select(0, sel)
-            chosen = chosen[live]
-            rows = [rows[j] for j in live]
-            if padded:
-                valid = valid.index_select(0, sel)
-                padded = bool((~valid).any())
-        # --- feed the chosen tokens
-        n = len(rows)
-        ids = chosen.to(device)
-        pos = next_pos + step
-        if fast:
-            kv.ensure(1)
-            if padded:
-                valid = torch.cat([valid, torch.ones((n, 1), dtype=torch.bool, device=device)], dim=1)
-            cos, sin = step_fn.rotary(pos, model.dtype)
-            logits = step_fn(ids, cos, sin, kv, valid[:, None, None, :] if padded else None).float()
+def _resolve(job: _Job, value) -> None:
+    """Hand a result (or an exception) to a caller that may have stopped waiting meanwhile."""
+    try:
+        if isinstance(value, BaseException):
+            job.future.set_exception(value)
         else:
-            attention = torch.cat([attention, torch.ones((n, 1), dtype=attention.dtype, device=device)], dim=1)
-            out = model(input_ids=ids.view(n, 1), attention_mask=attention,
-                        position_ids=pos.view(1, n, 1).expand(3, n, 1), past_key_values=cache, use_cache=True)
-            logits = out.logits[:, -1, :].float()
-
-    results = []
-    for i, (r, rd) in enumerate(zip(reqs, rendered)):
-        ids = tokens[i]
-        text_ids = ids[:-1] if ids and ids[-1] in eos else ids
-        text = strip_chat_tokens(renderer.tok.decode(text_ids, skip_special_tokens=False))
-        cuts = [text.find(s) for s in r.stop if s and s in text]
-        if cuts:  # OpenAI semantics: the text ends before the stop string (token_ids keep what was generated)
-            text = text[: min(cuts)]
-        results.append(Completion(
-            text=text,
-            finish_reason=reasons[i],
-            prompt_tokens=len(rd.ids),
-            visual_tokens=rd.visual_tokens,
-            completion_tokens=len(ids),
-            prompt_ids=list(rd.ids),
-            token_ids=list(ids),
-            logprobs=logps[i],
-            assistant_ids=list(rd.prefix_ids) + list(ids),
-        ))
-    return results
-
-
-_CHAT_SPECIALS = ("<|im_end|>", "<|endoftext|>", "<|im_start|>", "<|vision_start|>", "<|vision_end|>",
-                  "<|image_pad|>", "<|video_pad|>", "<|vision_pad|>")
-
-
-def strip_chat_tokens(text: str) -> str:
-    """Completion text: chat-format special tokens removed, our tags (<think>, <tool_call>...) kept."""
-    for special in _CHAT_SPECIALS:
-        text = text.replace(special, "")
-    return text
+            job.future.set_result(value)
+    except concurrent.futures.InvalidStateError:
+        pass  # cancelled meanwhile: nobody wants it
 
 
 # ----------------------------------------------------------------------------------------------
@@ -559,19 +438,18 @@ def strip_chat_tokens(text: str) -> str:
 
 
 class HFBackend:
-    """Backend over an in-process Qwen3-VL. Concurrent `generate` calls are merged into batches
-    of up to `max_batch` requests (collected for `batch_wait_ms` after the first arrives); the model
-    runs on one worker thread, off the event loop. A request that cannot be rendered (bad image,
-    unknown role) fails alone with BackendError; a failing model call fails its batch.
+    """Backend over an in-process Qwen3-VL, with continuous batching (module doc).
 
-    `fast_decode`: None picks the lean decode step when the model supports it (see module doc).
-    `decode_threads`: torch threads for the token-by-token phase; None = `default_decode_threads`
-    (1 for small models on CPU). The prefill (vision encoder over all frames) keeps torch's setting."""
+    max_batch: most rows decoded at once (more requests wait). batch_wait_ms: when the worker is
+    idle, how long it waits after a first request for others to join the same prefill.
+    decode_threads: torch threads for the decode steps; None = `default_decode_threads` (1 for
+    small models on CPU); prefills keep torch's setting. max_model_len: prompt + max_new_tokens
+    limit (default: the model's max_position_embeddings)."""
 
     name = "hf"
 
     def __init__(self, model, processor, *, max_batch: int = 16, batch_wait_ms: float = 5.0,
-                 device: str | None = None, fast_decode: bool | None = None, decode_threads: int | None = None):
+                 device: str | None = None, decode_threads: int | None = None, max_model_len: int | None = None):
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         if device is not None:
@@ -581,91 +459,133 @@ class HFBackend:
         self.renderer = Renderer(processor)
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_ms / 1000
-        self.fast_decode = fast_decode_supported(model) if fast_decode is None else fast_decode
         self.decode_threads = default_decode_threads(model) if decode_threads is None else decode_threads
-        self._queue: asyncio.Queue | None = None
-        self._queue_loop: asyncio.AbstractEventLoop | None = None
-        self._worker: asyncio.Task | None = None
-        self._pool: ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()  # one batch at a time on the model
-        self.batches_run = 0  # observable: how many model batches served the requests so far
-        self.batch_sizes: list[int] = []
+        text_cfg = model.config.get_text_config()
+        limit = getattr(text_cfg, "max_position_embeddings", None) or 1 << 30
+        self.max_model_len = int(max_model_len or limit)
+        if self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        self._banned: torch.Tensor | None = None
+        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        # observable, for tests and benchmarks
+        self.batches_run = 0  # prefills run (one per group of requests admitted together)
+        self.batch_sizes: list[int] = []  # rows per prefill
+        self.peak_rows = 0  # most rows decoded together
 
-    async def generate(self, requests: list[GenerateRequest]) -> list[Completion]:
-        loop = asyncio.get_running_loop()
-        if self._worker is None or self._worker.done() or self._queue_loop is not loop:
-            self._queue = asyncio.Queue()
-            self._queue_loop = loop
-            self._worker = loop.create_task(self._serve())
+    # ---- submitting
+
+    def _submit(self, requests: list[GenerateRequest]) -> list[concurrent.futures.Future]:
+        with self._start_lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._worker, name="paravt-hf", daemon=True)
+                self._thread.start()
         futures = []
         for r in requests:
-            fut = loop.create_future()
-            self._queue.put_nowait((r, fut))
-            futures.append(fut)
-        return list(await asyncio.gather(*futures))
+            f: concurrent.futures.Future = concurrent.futures.Future()
+            self._queue.put(_Job(r, f))
+            futures.append(f)
+        return futures
 
-    async def _serve(self) -> None:
-        loop = asyncio.get_running_loop()
-        assert self._queue is not None
-        while True:
-            batch = [await self._queue.get()]
-            await asyncio.sleep(self.batch_wait_s)  # let concurrent callers join this batch
-            while not self._queue.empty() and len(batch) < self.max_batch:
-                batch.append(self._queue.get_nowait())
-            batch = [(r, f) for r, f in batch if not f.done()]  # callers that gave up (timeouts)
-            if not batch:
-                continue
-            # greedy and sampled rows decode side by side: each row has its own settings and generator
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="paravt-hf")
-            try:
-                results = await loop.run_in_executor(self._pool, self._run, [r for r, _ in batch])
-            except Exception as e:  # a failed batch fails its requests, not the worker
-                err = e if isinstance(e, BackendError) else BackendError(f"hf generation failed: {e}")
-                results = [err] * len(batch)
-            for (_, fut), res in zip(batch, results):
-                if fut.done():
-                    continue
-                if isinstance(res, BaseException):
-                    fut.set_exception(res)
-                else:
-                    fut.set_result(res)
-
-    def _run(self, reqs: list[GenerateRequest]) -> list[Completion | BackendError]:
-        """Render each request (a bad one fails alone), then decode the good ones as one batch."""
-        rendered: list[Rendered | BackendError] = []
-        for r in reqs:
-            try:
-                if r.max_new_tokens < 1:
-                    raise ValueError(f"max_new_tokens must be >= 1, got {r.max_new_tokens}")
-                rendered.append(self.renderer.render(r.messages, prefix=r.prefix))
-            except Exception as e:
-                rendered.append(BackendError(f"bad request: {e}"))
-        good = [i for i, rd in enumerate(rendered) if not isinstance(rd, BackendError)]
-        out: list[Completion | BackendError] = list(rendered)  # type: ignore[arg-type]
-        if good:
-            with self._lock:
-                self.batches_run += 1
-                self.batch_sizes.append(len(good))
-                done = decode_batch(self.model, self.renderer, [rendered[i] for i in good], [reqs[i] for i in good],
-                                    fast=self.fast_decode, decode_threads=self.decode_threads)
-            for i, c in zip(good, done):
-                out[i] = c
-        return out
+    async def generate(self, requests: list[GenerateRequest]) -> list[Completion]:
+        """Complete every request; cancelling the awaiting task drops its rows from the batch."""
+        futures = [asyncio.wrap_future(f) for f in self._submit(requests)]
+        try:
+            return list(await asyncio.gather(*futures))
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
 
     def generate_sync(self, requests: list[GenerateRequest]) -> list[Completion]:
-        """One batch, now, without an event loop (scripts, trainer). Raises BackendError for a
-        request that cannot be rendered."""
-        out = self._run(requests)
-        for o in out:
-            if isinstance(o, BackendError):
-                raise o
-        return out  # type: ignore[return-value]
+        """The same without an event loop (scripts, trainer): blocks until all are done."""
+        return [f.result() for f in self._submit(requests)]
 
     async def aclose(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-            self._worker = None
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
-            self._pool = None
+        """Stop the worker once the rows in flight are done (a later call starts a new one)."""
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            self._queue.put(None)
+            await asyncio.get_running_loop().run_in_executor(None, thread.join)
+        self._thread = None
+
+    # ---- the worker thread
+
+    def _admit(self, job: _Job) -> bool:
+        """Render a new job (RequestRejected fails it alone); False if it cannot run."""
+        r = job.request
+        try:
+            if r.max_new_tokens < 1:
+                raise RequestRejected(f"max_new_tokens must be >= 1, got {r.max_new_tokens}")
+            if r.max_new_tokens >= self.max_model_len:
+                raise RequestRejected(f"max_new_tokens {r.max_new_tokens} leaves no room for a prompt in the "
+                                      f"model's context of {self.max_model_len} tokens")
+            job.rendered = self.renderer.render(r.messages, prefix=r.prefix,
+                                                max_tokens=self.max_model_len - r.max_new_tokens)
+        except RequestRejected as e:
+            _resolve(job, RequestRejected(f"bad request: {e} (the model's context is {self.max_model_len} tokens, "
+                                          f"of which max_new_tokens={r.max_new_tokens} are for the answer)"))
+            return False
+        except Exception as e:  # noqa: BLE001 - a request that cannot be rendered fails alone
+            _resolve(job, RequestRejected(f"bad request: {e}"))
+            return False
+        job.generator = torch.Generator(device="cpu")
+        job.generator.manual_seed(r.seed if r.seed is not None else int(time.time_ns() % (2**31)))
+        return True
+
+    def _worker(self) -> None:
+        if self._banned is None:
+            self._banned = torch.tensor(self.renderer.banned_ids, dtype=torch.long, device=self.model.device)
+        base_threads = torch.get_num_threads()
+        batch: _Batch | None = None
+        waiting: list[_Job] = []
+        stopping = False
+        while True:
+            # 1. collect what arrived: block when idle, then give concurrent callers a moment to join
+            if batch is None and not waiting:
+                if stopping:
+                    return
+                item = self._queue.get()
+                if item is None:
+                    return
+                waiting.append(item)
+                time.sleep(self.batch_wait_s)
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    stopping = True
+                else:
+                    waiting.append(item)
+            waiting = [j for j in waiting if not j.gone()]
+            # 2. admit up to max_batch rows: one prefill, merged into the running batch
+            room = self.max_batch - (len(batch.jobs) if batch else 0)
+            new, waiting = waiting[:max(room, 0)], waiting[max(room, 0):]
+            new = [j for j in new if self._admit(j)]
+            try:
+                if new:
+                    torch.set_num_threads(base_threads)
+                    with torch.no_grad():
+                        batch = _merge(batch, _prefill(self.model, self.renderer, new))
+                    self.batches_run += 1
+                    self.batch_sizes.append(len(new))
+                if batch is None:
+                    continue
+                self.peak_rows = max(self.peak_rows, len(batch.jobs))
+                # 3. one decode step for every row
+                if self.decode_threads:
+                    torch.set_num_threads(self.decode_threads)
+                with torch.no_grad():
+                    batch, done = _step(self.model, self.renderer, batch, self._banned, self.max_model_len)
+                for job in done:
+                    _resolve(job, _completion(job, self.renderer))
+            except Exception as e:  # noqa: BLE001 - a failed forward pass fails its rows, not the worker
+                err = e if isinstance(e, BackendError) else BackendError(f"hf generation failed: {type(e).__name__}: {e}")
+                for job in (batch.jobs if batch else []) + new:
+                    _resolve(job, err)
+                batch = None
+            finally:
+                torch.set_num_threads(base_threads)
