@@ -40,6 +40,29 @@ def test_extra_info_as_dict_prompt_as_json_and_parts(tmp_path):
     pq.write_table(pa.Table.from_pylist(rows[1:]), tmp_path / "b.parquet")
     b = load_rl_rows(tmp_path / "b.parquet")[0]
     assert b.question == "Q?" and b.video == "/abs/v.mp4" and b.id == "q1"
+    assert a.system is None and b.system == "s"  # a row's own system prompt is kept
+
+
+def test_a_rows_system_prompt_reaches_the_episode(tmp_path):
+    """ParaVT-Parquet rows carry their own system prompt: the rollout's main agent sees it (with the
+    tool declared after it), not the profile's default instructions."""
+    import asyncio
+
+    from paravt import protocol as P
+    from paravt.agent import EpisodeConfig
+    from paravt.backends.scripted import ScriptedBackend
+    from paravt.train.grpo import Job, run_rollouts
+    from tests.videotools import make_test_video
+
+    (tmp_path / "videos").mkdir()
+    make_test_video(tmp_path / "videos" / "a.mp4", seconds=4, fps=5)
+    rows = [_row(prompt=[{"role": "system", "content": "You are the row's agent."},
+                         {"role": "user", "content": "<video>\nWhat colour?"}])]
+    [s] = load_rl_rows(_write(tmp_path / "rl.parquet", rows))
+    b = ScriptedBackend(["ok</think><answer>A</answer>"])
+    [ep] = asyncio.run(run_rollouts(b, [Job(0, 0, s, 4, 0, 1)], EpisodeConfig(frames=4), 0.7))
+    system = b.requests[0].messages[0].text()
+    assert system.startswith("You are the row's agent.\n\n# Tools") and P.system_prompt("parallel") not in system
 
 
 @pytest.mark.parametrize("bad, match", [

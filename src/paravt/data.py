@@ -27,6 +27,7 @@ class RLSample:
     answer: str
     question_type: str  # mcq | tvg | oe
     extra: dict = field(default_factory=dict)  # the whole extra_info
+    system: str | None = None  # the row's own system prompt, when it has one (kept: SPEC §4)
 
 
 def _json(value, what: str):
@@ -38,19 +39,29 @@ def _json(value, what: str):
     return value
 
 
-def _user_text(prompt) -> str:
+def _text_of(role: str, prompt: list) -> str | None:
+    """The text of the first message with `role` (OpenAI-style parts: the text ones joined)."""
+    for m in prompt:
+        if isinstance(m, dict) and m.get("role") == role:
+            content = m.get("content")
+            if isinstance(content, list):
+                content = "".join(p.get("text") or "" for p in content if isinstance(p, dict))
+            if not isinstance(content, str):
+                raise DataError(f"the {role} message has no text content")
+            return content
+    return None
+
+
+def _messages(prompt) -> tuple[str | None, str]:
+    """(system prompt or None, user text) of a row's `prompt`."""
     prompt = _json(prompt, "prompt")
     if not isinstance(prompt, list) or not prompt:
         raise DataError("prompt must be a non-empty list of {role, content}")
-    for m in prompt:
-        if isinstance(m, dict) and m.get("role") == "user":
-            content = m.get("content")
-            if isinstance(content, list):  # OpenAI-style parts: keep the text ones
-                content = "".join(p.get("text") or "" for p in content if isinstance(p, dict))
-            if not isinstance(content, str):
-                raise DataError("the user message has no text content")
-            return content
-    raise DataError("prompt has no user message")
+    user = _text_of("user", prompt)
+    if user is None:
+        raise DataError("prompt has no user message")
+    system = _text_of("system", prompt)
+    return (system if system and system.strip() else None), user
 
 
 def _video(videos) -> str:
@@ -93,11 +104,13 @@ def load_rl_rows(parquet_path: str | Path, video_root: str | Path | None = None)
             if qtype not in QUESTION_TYPES:
                 raise DataError(f"question_type must be one of {QUESTION_TYPES}, got {qtype!r}")
             video = _video(r["videos"])
-            text = _user_text(r["prompt"]).replace(VIDEO_PLACEHOLDER, "").strip()
+            system, user = _messages(r["prompt"])
+            text = user.replace(VIDEO_PLACEHOLDER, "").strip()
         except DataError as e:
             raise DataError(f"{parquet_path} row {i}: not a ParaVT-Parquet RL row: {e}") from None
         vpath = Path(video)
         out.append(RLSample(id=str(extra.get("id", r.get("id", i))),
                             video=str(vpath if vpath.is_absolute() else root / vpath),
-                            question=text, answer=str(extra["answer"]), question_type=qtype, extra=extra))
+                            question=text, answer=str(extra["answer"]), question_type=qtype, extra=extra,
+                            system=system))
     return out

@@ -236,7 +236,7 @@ async def run_rollouts(backend, jobs: list[Job], episode_cfg: EpisodeConfig, tem
         subs = job.sample.extra.get("subtitles")
         return await run_episode(backend, readers[path], job.sample.question, cfg,
                                  question_type=job.sample.question_type,
-                                 subtitles=subs if isinstance(subs, str) else None)
+                                 subtitles=subs if isinstance(subs, str) else None, system=job.sample.system)
 
     try:
         return list(await asyncio.gather(*[one(j) for j in jobs], return_exceptions=True))
