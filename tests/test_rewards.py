@@ -164,13 +164,15 @@ def test_config_and_type_errors():
     [
         (THINK + ANS, "", True, 0.2 + 0.3 + 0.2 + 0.1),
         (THINK + ANS, "", False, 0.3 + 0.2 + 0.1 + 0.1),
-        (THINK + "<answer>B", "", True, 0.2 + 0.3),  # no </answer>, no balance bonus
-        (THINK + "<answer>B", "", False, 0.3 + 0.2),
+        (THINK + "<answer>B", "", True, 0.2),  # an unclosed answer earns nothing (closure is what is paid)
+        (THINK + "<answer>B", "", False, 0.3),
         (THINK + "<answer>  </answer>", "", True, 0.2 + 0.1),  # empty body: neither answer term
         (THINK + CALL, "", True, 0.2 + 0.3 + 0.1),
         (THINK + "<tool_code>crop_video(1, 2)</tool_code>", "", True, 0.2 + 0.3 + 0.1),
         (THINK + "<tool_call>{bad}</tool_call>", "", True, 0.2 + 0.1),  # no parseable call
-        ("<think>short</think>" + CALL, "", True, 0.3 + 0.1),  # think too short for +0.2
+        ("<think>short</think>" + CALL, "", True, 0.0),  # too short: no think credit, no think-before-call
+        ("</think>\n" + CALL, P.THINK_PREFIX, True, 0.0),  # an empty forced think, then a call (was 0.4)
+        ("<think>the red circle shows up late" + ANS, "", True, 0.5),  # unclosed think: the answer's 0.5 only
         ("<think>0123456789</think>" + ANS, "", True, 0.8),  # exactly 10 characters: substantive
         ("<think>012345678</think>" + ANS, "", True, 0.3 + 0.2 + 0.1),
         ("<think>" + " " * 20 + "</think>" + ANS, "", True, 0.6),  # whitespace is not content
@@ -215,7 +217,8 @@ def test_format_of_episodes(turns, prefix, expected):
     [
         (THINK + ANS, "", 0.4 + 0.3),
         (THINK + CALL, "", 0.4),
-        ("<think>short</think>" + ANS, "", 0.3),
+        ("<think>short</think>" + ANS, "", 0.0),  # the flow needs a substantive think
+        ("</think>\n" + ANS, P.THINK_PREFIX, 0.0),  # an empty forced think earns no flow
         ("<think>never closed and long enough", "", -0.3),
         ("<think>the red circle shows up late" + ANS, "", -0.3),  # answer written inside an open think
         (ANS, "", 0.0),
@@ -294,24 +297,27 @@ def test_degenerate_scores_zero():
 @pytest.mark.parametrize(
     "turns, pred, answer, qtype, parsed, executed, prefix, anchoring, cfg, expected",
     [
-        # acc 1 + fmt 1.0 + tool 0.8 (+ 0.5 * anchor 0.7 in sequence mode)
-        ([THINK + CALL, THINK + ANS], "B", "B", "mcq", 1, 1, "", "sequence", None, (1, 1.0, 0.7, 0.8, 3.15)),
+        # acc 1 + fmt 1.0 + tool 0.8; in sequence mode λ·anchor is inside R_fmt, before its cap at 1
+        ([THINK + CALL, THINK + ANS], "B", "B", "mcq", 1, 1, "", "sequence", None, (1, 1.0, 0.7, 0.8, 2.8)),
         ([THINK + CALL, THINK + ANS], "B", "B", "mcq", 1, 1, "", "token", None, (1, 1.0, 0.7, 0.8, 2.8)),
         ([THINK + CALL, THINK + ANS], "B", "B", "mcq", 1, 1, "", "off", None, (1, 1.0, 0.7, 0.8, 2.8)),
         # the same episode generated after a forced "<think>\n": identical scores
         (["the red circle shows up late</think>" + CALL, "it was red, clearly</think>" + ANS], "B", "B", "mcq",
-         1, 1, P.THINK_PREFIX, "sequence", None, (1, 1.0, 0.7, 0.8, 3.15)),
+         1, 1, P.THINK_PREFIX, "sequence", None, (1, 1.0, 0.7, 0.8, 2.8)),
         # ... and what the public release computed by leaving the prefix out: fmt 0.5, anchor 0
         (["the red circle shows up late</think>" + CALL, "it was red, clearly</think>" + ANS], "B", "B", "mcq",
          1, 1, "", "sequence", None, (1, 0.5, 0.0, 0.8, 2.3)),
-        # wrong answer, a call that did not run: 0 + 1.0 + 0.1 + 0.35
+        # wrong answer, a call that did not run: 0 + 1.0 + 0.1
         ([THINK + CALL, THINK + "<answer>C</answer>"], "C", "B", "mcq", 1, 0, "", "sequence", None,
-         (0, 1.0, 0.7, 0.1, 1.45)),
-        # no tool, w_fmt 0.5: 1 + 0.5 * 0.8 + 0 + 0.5 * 0.7
-        ([THINK + ANS], "B", "B", "mcq", 0, 0, "", "sequence", RewardConfig(w_fmt=0.5), (1, 0.8, 0.7, 0, 1.75)),
-        # grounding: IoU 0.5 + 0.8 + 0.35
+         (0, 1.0, 0.7, 0.1, 1.1)),
+        # a well-formed answer, no tool, w_fmt 0.5: R_fmt = min(0.2 + 0.5 + 0.5 * 0.7 + 0.1, 1) = 1.0 (was 1.15)
+        ([THINK + ANS], "B", "B", "mcq", 0, 0, "", "sequence", RewardConfig(w_fmt=0.5), (1, 0.8, 0.7, 0, 1.5)),
+        ([THINK + ANS], "B", "B", "mcq", 0, 0, "", "token", None, (1, 0.8, 0.7, 0, 1.8)),
+        # grounding: IoU 0.5 + R_fmt 1.0 (0.8 + 0.35, capped)
         ([THINK + "<answer>12.5 - 17.5</answer>"], "12.5 - 17.5", "10 - 20", "tvg", 0, 0, "", "sequence", None,
-         (0.5, 0.8, 0.7, 0, 1.65)),
+         (0.5, 0.8, 0.7, 0, 1.5)),
+        # an empty forced think, then a call that ran: no format credit at all; tool 0.3
+        (["</think>\n" + CALL], None, "B", "mcq", 1, 1, P.THINK_PREFIX, "sequence", None, (0, 0, 0, 0.3, 0.3)),
         # a turn cut off mid-think: fmt 0, anchor -0.3, sequence total -0.15
         (["<think>still looking at the frames"], None, "B", "mcq", 0, 0, "", "sequence", None, (0, 0, -0.3, 0, -0.15)),
     ],
@@ -319,7 +325,8 @@ def test_degenerate_scores_zero():
 def test_score_episode(turns, pred, answer, qtype, parsed, executed, prefix, anchoring, cfg, expected):
     r = score_episode(turns, pred, answer, qtype, parsed, executed, cfg, prefix=prefix, anchoring=anchoring)
     assert (r.accuracy, r.format, r.anchor, r.tool, r.total) == pytest.approx(expected)
-    assert not r.degenerate and set(r.to_dict()) == {"accuracy", "format", "anchor", "tool", "total", "degenerate"}
+    assert not r.degenerate and set(r.to_dict()) == {"accuracy", "format", "anchor", "tool", "total", "degenerate",
+                                                      "format_total"}
 
 
 def test_score_episode_options_and_errors():
@@ -459,7 +466,7 @@ def test_anchor_tokens_with_forced_prefix(tok):
     "text, expected",  # expected: [(tag or "last", nth occurrence, value)]
     [
         (THINK + CALL, [("</think>", 0, 0.4)]),
-        ("<think>short</think>" + ANS, [("</answer>", 0, 0.3)]),
+        ("<think>short</think>" + ANS, []),  # no substantive think: neither the close nor the flow
         (THINK + "<answer>A</answer><answer>B</answer>", [("</think>", 0, 0.4), ("</answer>", 0, 0.3)]),
         ("<think>tiny</think>x<think>the red circle shows up late</think>" + ANS,
          [("</think>", 1, 0.4), ("</answer>", 0, 0.3)]),  # the first SUBSTANTIVE think
@@ -489,3 +496,53 @@ def test_anchor_tokens_use_config(tok):
     ids = _encode(tok, THINK + ANS)
     got = anchor_token_rewards(ids, tok, RewardConfig(anchor_close_think=1.0, anchor_full_flow=2.0))
     assert sorted(got.values()) == [1.0, 2.0]
+
+
+# ---- the reward decisions of the side-by-side with the public release (docs/rewards.md) -----------
+
+
+def test_several_answers_the_last_one_counts():
+    """One definition of "the answer" everywhere (ask, eval, reward): the last complete one, as a
+    reader takes it. The release scored the first."""
+    text = THINK + "<answer>A</answer> on second thought <answer>B</answer>"
+    assert P.extract_answer(text) == "B"
+    assert score_episode([text], P.extract_answer(text), "B", "mcq", 0, 0).accuracy == 1.0
+
+
+def test_a_rollout_running_on_into_fake_turns_scores_zero_through_the_backend():
+    """The degenerate-output rule must fire on what the policy generated: the hf backend keeps the
+    `<|im_start|>` markers a rollout writes (it used to strip them, and such a rollout scored 2.15)."""
+    import asyncio
+    import pathlib
+    import tempfile
+
+    from paravt.agent import EpisodeConfig, run_episode
+    from paravt.backends.hf import HFBackend
+    from paravt.models.tiny import build_tiny
+    from tests.videotools import make_test_video
+
+    model, processor = build_tiny(seed=0)
+    tok = processor.tokenizer
+    script = tok.encode("the red circle shows up late</think>\n<answer> B</answer>", add_special_tokens=False)
+    script += tok.encode("<|im_start|>user\nok" * 6, add_special_tokens=False)  # never an <|im_end|>
+    step = {"i": 0}
+
+    def follow_script(module, args, out):  # each forward pass: the next scripted token wins
+        out = out.clone()
+        out[..., script[min(step["i"], len(script) - 1)]] += 1e4
+        step["i"] += 1
+        return out
+
+    handle = model.lm_head.register_forward_hook(follow_script)
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            video = make_test_video(pathlib.Path(d) / "v.mp4", seconds=4, fps=5)
+            ep = asyncio.run(run_episode(HFBackend(model, processor), video, "Which?\nA. x\nB. y",
+                                         EpisodeConfig(frames=2, max_new_tokens=len(script)), question_type="mcq"))
+    finally:
+        handle.remove()
+    text = ep.main_texts()[0]
+    assert text.count("<|im_start|>") == 6 and ep.answer == "B"
+    r = score_episode(ep.main_texts(), ep.answer, "B", "mcq", ep.n_parsed_calls, ep.n_executed_calls,
+                      prefix=ep.config.prefix)
+    assert r.degenerate and r.total == 0.0 and r.accuracy == 1.0

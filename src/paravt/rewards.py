@@ -33,7 +33,7 @@ class RewardConfig:
 
     w_fmt: float = 1.0
     answer_suffix: bool = True  # format weights think/answer body/</answer>: 0.2/0.3/0.2 on, 0.3/0.2/0.1 off
-    fmt_think_before_call: float = 0.3  # a closed think before a parseable tool call
+    fmt_think_before_call: float = 0.3  # a closed substantive think before a parseable tool call
     fmt_balanced: float = 0.1  # every tag pair balanced (only added when the score is already > 0)
     min_think_chars: int = 10  # a "substantive" think has at least this many characters of content
     lambda_anchor: float = 0.5
@@ -245,13 +245,14 @@ def _substantive_close(turn: str, cfg: RewardConfig) -> int | None:
     return None
 
 
-def _flow_close(turn: str) -> int | None:
+def _flow_close(turn: str, cfg: RewardConfig) -> int | None:
     """Offset of the </answer> that completes the turn's <think>…</think> … <answer>…</answer>
-    flow (a closed think, then a closed answer with a non-empty body), else None."""
-    spans = [b for _, b, closed in P.think_spans(turn) if closed]
-    if not spans:
+    flow (a closed substantive think, then a closed answer with a non-empty body), else None. An
+    empty think does not earn the flow (the empty-tag exploit)."""
+    close = _substantive_close(turn, cfg)
+    if close is None:
         return None
-    pos = spans[0] + len(P.THINK_CLOSE)
+    pos = close + len(P.THINK_CLOSE)
     while True:
         k = turn.find(P.ANSWER_OPEN, pos)
         if k < 0:
@@ -264,22 +265,29 @@ def _flow_close(turn: str) -> int | None:
         pos = m + len(P.ANSWER_CLOSE)
 
 
-def _think_before_call(turn: str) -> bool:
-    """A closed think ends before the turn's first tool-call block, and the turn has a readable call."""
+def _think_before_call(turn: str, cfg: RewardConfig) -> bool:
+    """A closed substantive think ends before the turn's first tool-call block, and the turn has a
+    readable call. `</think>` right after the forced `<think>\n` (an empty think) does not count:
+    the credit is for reasoning before calling, not for the tags."""
     if not P.parse(turn).calls:
         return False
     starts = [i for i in (turn.find(P.TOOL_CALL_OPEN), turn.find(P.TOOL_CODE_OPEN)) if i >= 0]
-    closes = [b for _, b, closed in P.think_spans(turn) if closed]
-    return bool(starts and closes) and closes[0] < min(starts)
+    close = _substantive_close(turn, cfg)
+    return bool(starts) and close is not None and close < min(starts)
 
 
-def format_reward(text: str | Sequence[str], cfg: RewardConfig | None = None, prefix: str = "") -> float:
-    """R_fmt in [0, 1] of a turn or an episode's turns (each with the forced `prefix`):
+def format_reward(text: str | Sequence[str], cfg: RewardConfig | None = None, prefix: str = "",
+                  anchor_weight: float = 0.0) -> float:
+    """R_fmt of a turn or an episode's turns (each with the forced `prefix`), in the public
+    release's order of terms:
     + think weight when some turn closes a substantive think (>= min_think_chars of content);
-    + body weight when the final answer (the last complete one, else an unclosed one) is non-empty,
-      + close weight when that answer is closed (weights 0.2/0.3/0.2, answer suffix off 0.3/0.2/0.1);
-    + 0.3 when some turn closes a think before its first parseable tool call;
-    + 0.1 when every turn's tags are balanced, only if the score is already > 0; capped at 1."""
+    + body and close weights when the final answer (the last one) is non-empty AND closed
+      (weights 0.2/0.3/0.2, answer suffix off 0.3/0.2/0.1);
+    + anchor_weight · `anchor_reward` (the sequence-level Exploration Anchoring: λ inside R_fmt,
+      before the balance gate and the cap, as the release computes it; 0 otherwise);
+    + 0.3 when some turn closes a substantive think before its first parseable tool call;
+    + 0.1 when every turn's tags are balanced, only if the score is already > 0; capped at 1.
+    Without the anchor R_fmt is in [0, 1]; with it, in [−λγ, 1]."""
     cfg = cfg or RewardConfig()
     turns = _turns(text, prefix)
     if not turns:
@@ -289,9 +297,11 @@ def format_reward(text: str | Sequence[str], cfg: RewardConfig | None = None, pr
     if any(_substantive_close(t, cfg) is not None for t in turns):
         score += w_think
     final = P.parse("\n".join(turns))
-    if final.answer:
-        score += w_body + (w_close if final.answer_closed else 0.0)
-    if any(_think_before_call(t) for t in turns):
+    if final.answer and final.answer_closed:
+        score += w_body + w_close
+    if anchor_weight:
+        score += anchor_weight * anchor_reward(turns, cfg)
+    if any(_think_before_call(t, cfg) for t in turns):
         score += cfg.fmt_think_before_call
     if score > 0 and all(P.tags_balanced(t) for t in turns):
         score += cfg.fmt_balanced
@@ -301,14 +311,14 @@ def format_reward(text: str | Sequence[str], cfg: RewardConfig | None = None, pr
 def anchor_reward(text: str | Sequence[str], cfg: RewardConfig | None = None, prefix: str = "") -> float:
     """The Exploration-Anchoring terms, BEFORE the λ weight, each counted once per episode:
     +0.4 when some turn's </think> closes a substantive think; +0.3 when some turn has the full
-    <think>…</think> … <answer>non-empty</answer> flow; −γ (0.3) when some turn ends with a
-    <think> still open. Range [−γ, 0.7]."""
+    <think>substantive</think> … <answer>non-empty</answer> flow; −γ (0.3) when some turn ends with
+    a <think> still open. Range [−γ, 0.7]."""
     cfg = cfg or RewardConfig()
     turns = _turns(text, prefix)
     value = 0.0
     if any(_substantive_close(t, cfg) is not None for t in turns):
         value += cfg.anchor_close_think
-    if any(_flow_close(t) is not None for t in turns):
+    if any(_flow_close(t, cfg) is not None for t in turns):
         value += cfg.anchor_full_flow
     if any(P.think_open_at_end(t) for t in turns):
         value -= cfg.gamma
@@ -345,11 +355,12 @@ def is_degenerate(text: str, cfg: RewardConfig | None = None) -> bool:
 @dataclass
 class RewardBreakdown:
     accuracy: float
-    format: float
+    format: float  # R_fmt without the anchor: comparable across anchoring modes (fτ is its mean)
     anchor: float  # unweighted anchor terms, reported whatever the anchoring mode
     tool: float
     total: float
     degenerate: bool = False
+    format_total: float | None = None  # the format term that entered the total (with λ·anchor in sequence mode)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -374,24 +385,24 @@ def score_episode(
     options: list[str] | None = None,
     question: str = "",
 ) -> RewardBreakdown:
-    """R = R_acc + w_fmt·R_fmt + R_tool, plus λ·anchor when anchoring == "sequence".
+    """R = R_acc + w_fmt·R_fmt + R_tool.
 
-    With anchoring == "token" the anchor enters per token in the trainer (at structural
-    positions, `anchor_token_rewards`), so the scalar total leaves it out; with "off" it is not
-    used. A degenerate output scores a total of 0 (its terms are still reported)."""
+    anchoring == "sequence": R_fmt carries λ·anchor inside it, before its balance gate and cap, as
+    the public release computes it (the paper's numbers come from that placement). "token": the
+    anchor enters per token in the trainer instead (at the structural positions,
+    `anchor_token_rewards`), so R_fmt leaves it out; "off": not used. A degenerate output scores a
+    total of 0 (its terms are still reported)."""
     if anchoring not in ("sequence", "token", "off"):
         raise ValueError(f"anchoring must be sequence, token or off, got {anchoring!r}")
     cfg = cfg or RewardConfig()
     acc = accuracy_reward(prediction, answer, question_type, cfg, options=options, question=question)
     fmt = format_reward(main_texts, cfg, prefix)
     anc = anchor_reward(main_texts, cfg, prefix)
+    fmt_total = format_reward(main_texts, cfg, prefix, anchor_weight=cfg.lambda_anchor) if anchoring == "sequence" else fmt
     tool = tool_reward(n_parsed_calls, n_executed_calls, acc, cfg)
     if is_degenerate(join_turns(main_texts, prefix), cfg):
-        return RewardBreakdown(acc, fmt, anc, tool, 0.0, degenerate=True)
-    total = acc + cfg.w_fmt * fmt + tool
-    if anchoring == "sequence":
-        total += cfg.lambda_anchor * anc
-    return RewardBreakdown(acc, fmt, anc, tool, total)
+        return RewardBreakdown(acc, fmt, anc, tool, 0.0, degenerate=True, format_total=fmt_total)
+    return RewardBreakdown(acc, fmt, anc, tool, acc + cfg.w_fmt * fmt_total + tool, format_total=fmt_total)
 
 
 def shape(total: float, cfg: RewardConfig | None = None) -> float:
@@ -511,7 +522,7 @@ def anchor_token_rewards(
             values[pos] = values.get(pos, 0.0) + value
 
     add(P.THINK_CLOSE, _substantive_close(full, cfg), cfg.anchor_close_think)
-    add(P.ANSWER_CLOSE, _flow_close(full), cfg.anchor_full_flow)
+    add(P.ANSWER_CLOSE, _flow_close(full, cfg), cfg.anchor_full_flow)
     if P.think_open_at_end(full):
         body_start = P.think_spans(full)[-1][0]
         hits = [(i, tag) for tag in (P.TOOL_CALL_OPEN, P.ANSWER_OPEN) for i in [full.find(tag, max(body_start, shift))]
