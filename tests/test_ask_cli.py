@@ -32,7 +32,7 @@ def scripted(monkeypatch):
     """Patch `make_backend` to hand out a ScriptedBackend; records what it was asked for."""
     made = []
 
-    def fake(model, *, api_key=None, console=None):
+    def fake(model, *, api_key=None, console=None, timeout_s=None):
         b = ScriptedBackend([TURN1, ANSWER], sub=lambda r: f"A red circle moves ({len(r.messages[0].images())} frames).")
         made.append((model, api_key, b))
         return b
@@ -156,8 +156,15 @@ def test_make_backend_choices(monkeypatch, tmp_path):
     shipped.mkdir()
     (shipped / "config.json").write_text("{}")
     monkeypatch.setattr(ask_mod, "DEFAULT_MODEL", shipped)
-    ask_mod.make_backend(None)
+    console = Console(record=True, width=400)
+    ask_mod.make_backend(None, console=console)
     assert made[-1][0] == f"model@{shipped}"
+    # the toy is named as such, before it runs, with the way to a real model
+    note = console.export_text()
+    assert "synthetic" in note and "--model Qwen/Qwen3-VL-8B-Instruct" in note and "http://" in note
+    console = Console(record=True, width=400)
+    ask_mod.make_backend(str(shipped), console=console)
+    assert "synthetic" not in console.export_text()  # asked for by name: no note
     monkeypatch.setenv("PARAVT_MODEL", "env/model")
     ask_mod.make_backend(None)
     assert made[-1][0] == "model@env/model"

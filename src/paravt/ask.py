@@ -26,15 +26,28 @@ def default_model() -> str | None:
     return str(DEFAULT_MODEL) if (DEFAULT_MODEL / "config.json").exists() else None
 
 
-def make_backend(model: str | None, *, api_key: str | None = None, console: Console | None = None):
-    """A URL gives the OpenAI-compatible client; a path or hub id loads the model in-process.
-    Raises ModelLoadError (bad path) or BackendError (bad URL) with a one-line reason."""
+TOY_NOTE = (
+    "note: no --model given, so this runs paravt's shipped toy model: 1.4 M parameters trained only on synthetic "
+    "videos of coloured shapes (SynthVT). On a real video its answers mean nothing. For a real model pass "
+    "--model Qwen/Qwen3-VL-8B-Instruct (or ParaVT/ParaVT-8B, a local checkpoint directory), or the URL of a "
+    "server (vLLM, SGLang, paravt serve): --model http://127.0.0.1:8000"
+)
+
+
+def make_backend(model: str | None, *, api_key: str | None = None, console: Console | None = None,
+                 timeout_s: float = 600.0):
+    """A URL gives the OpenAI-compatible client (`timeout_s` bounds each call); a path or hub id
+    loads the model in-process. Without a model, the shipped toy is used, with a note saying what it
+    is and how to use a real model. Raises ModelLoadError (bad path) or BackendError (bad URL) with
+    a one-line reason."""
     console = console or Console(stderr=True)
+    if not model and not os.environ.get("PARAVT_MODEL") and default_model():
+        console.print(f"[yellow]{TOY_NOTE}[/yellow]")
     model = model or default_model()
     if model and model.startswith(("http://", "https://")):
         from paravt.backends.openai import OpenAIBackend
 
-        return OpenAIBackend(model, api_key=api_key)
+        return OpenAIBackend(model, api_key=api_key, timeout_s=timeout_s)
     from paravt.backends.hf import HFBackend
     from paravt.models import load_model
 
@@ -117,7 +130,8 @@ def ask(video: str, question: str, *, model: str | None, config: EpisodeConfig, 
         raise ValueError("the question is empty")
     reader = VideoReader(video)
     try:
-        backend = backend or make_backend(model, api_key=api_key, console=console)
+        backend = backend or make_backend(model, api_key=api_key, console=Console(stderr=True),
+                                          timeout_s=config.model_timeout_s)
 
         async def go() -> Episode:
             try:
