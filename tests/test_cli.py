@@ -87,3 +87,56 @@ def test_eval_run_resume_and_report(tiny_dir, tmp_path):
 def test_eval_requires_arguments():
     r = runner.invoke(app, ["eval", "--bench", "synthvt"])
     assert r.exit_code == 2 and "required" in r.output
+
+
+# --frames and the other episode sizes are checked before anything is loaded
+
+
+@pytest.fixture
+def nothing_loads(monkeypatch):
+    """Every loader of a model, video or benchmark fails the test if reached."""
+    import paravt.ask
+    import paravt.demo
+    import paravt.eval.benchmarks
+    import paravt.eval.commands
+    import paravt.video
+
+    def boom(*a, **k):
+        raise AssertionError("loaded something before checking the arguments")
+
+    monkeypatch.setattr(paravt.ask, "make_backend", boom)
+    monkeypatch.setattr(paravt.eval.commands, "make_backends", boom)
+    monkeypatch.setattr(paravt.eval.benchmarks, "load_benchmark", boom)
+    monkeypatch.setattr(paravt.video, "VideoReader", boom)
+    monkeypatch.setattr(paravt.demo, "demo", boom)
+
+
+BAD_SIZES = [(["--frames", "10001"], "frames must be <= 10000"), (["--frames", "0"], "frames must be >= 1"),
+             (["--max-turns", "0"], "max_turns must be >= 1"), (["--max-parallel", "0"], "max_parallel must be >= 1"),
+             (["--max-new-tokens", "0"], "max_new_tokens must be >= 1")]
+
+
+@pytest.mark.parametrize("flags,needle", BAD_SIZES, ids=[" ".join(f) for f, _ in BAD_SIZES])
+def test_ask_and_eval_reject_bad_sizes_before_loading(nothing_loads, tmp_path, flags, needle):
+    for args in (["ask", str(tmp_path / "v.mp4"), "Q?"],
+                 ["eval", "--bench", "synthvt", "--data", str(tmp_path), "--out", str(tmp_path / "o")]):
+        r = runner.invoke(app, args + flags)
+        assert r.exit_code == 2, (args, r.output)
+        lines = r.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.output
+        assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("frames,needle", [("10001", "frames must be <= 10000"), ("0", "frames must be >= 1")])
+def test_demo_rejects_bad_frames_before_loading(nothing_loads, tmp_path, frames, needle):
+    r = runner.invoke(app, ["demo", "--out", str(tmp_path / "d"), "--frames", frames])
+    assert r.exit_code == 2 and r.output.strip().splitlines() == [r.output.strip()] and needle in r.output
+    assert not (tmp_path / "d").exists()
+
+
+def test_episode_config_bounds_frames():
+    from paravt.agent import MAX_FRAMES, EpisodeConfig
+
+    assert MAX_FRAMES == 10000 and EpisodeConfig(frames=MAX_FRAMES).frames == MAX_FRAMES
+    with pytest.raises(ValueError, match="frames must be <= 10000"):
+        EpisodeConfig(frames=MAX_FRAMES + 1)

@@ -362,3 +362,112 @@ def test_cli_run_resume_report_and_errors(split, tmp_path, monkeypatch):
     assert r.exit_code == 2 and "unknown benchmark" in r.output
     r = cli.invoke(app, ["eval", "--bench", "synthvt", "--data", str(split)])
     assert r.exit_code == 2 and "required" in r.output
+
+
+# ----------------------------------------------------------------------------------------------
+# a run directory that cannot be written: one clear line, nothing lost, a resume finishes the run
+
+
+FULL_DISK_SCRIPT = """
+import resource, signal, sys
+sys.path.insert(0, {tests!r})
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG, as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
+import paravt.eval.commands as commands
+from test_eval_runner import make_backend
+commands.make_backends = lambda *a, **k: make_backend()
+from paravt.cli import app
+app(["eval", "--bench", "synthvt", "--data", {split!r}, "--out", {out!r}, "--frames", "4", "--max-turns", "2",
+     "--max-new-tokens", "64"])
+"""
+
+
+def run_cli_with_file_limit(split, out: Path, limit: int) -> subprocess.CompletedProcess:
+    code = FULL_DISK_SCRIPT.format(tests=str(Path(__file__).parent), split=str(split), out=str(out), limit=limit)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_disk_full_midway_is_one_line_then_a_resume_finishes_the_run(full, split, samples, tmp_path):
+    """The disk fills after a few rows (a file-size limit: writes fail with EFBIG): the eval ends with
+    one line naming the file, exit 2, no traceback and no crash of the decoders still at work; every
+    row written is intact, and a rerun with room finishes with the uninterrupted run's results."""
+    out = tmp_path / "fills"
+    r = run_cli_with_file_limit(split, out, 7000)  # the manifest fits, about two rows do
+    assert r.returncode == 2, (r.returncode, r.stderr[-3000:])
+    assert r.stderr.strip().splitlines() == [f"error: {out / 'results.jsonl'}: File too large"], r.stderr[-3000:]
+    assert "Traceback" not in r.stdout + r.stderr
+    data = (out / "results.jsonl").read_bytes()
+    assert data.endswith(b"\n"), "a torn row was left behind"
+    kept = read_results(out / "results.jsonl", repair=False)
+    assert 1 <= len(kept) < len(samples) and not (out / "summary.json").exists()
+    r = run_cli_with_file_limit(split, out, -1)  # space freed (no limit): the same command resumes
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert timeless(json.loads((out / "summary.json").read_text())) == timeless(full[1])
+    assert by_id(out) == by_id(full[0])
+
+
+def test_no_room_for_the_summary_is_one_line_and_keeps_every_row(full, split, samples, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import paravt.eval.commands as commands
+    from paravt.cli import app
+
+    monkeypatch.setattr(commands, "make_backends", lambda *a, **k: make_backend())
+    out = tmp_path / "nosummary"
+    out.mkdir()
+    (out / "summary.json").symlink_to("/dev/full")  # every write to it: ENOSPC (never read by a run)
+    args = ["eval", "--bench", "synthvt", "--data", str(split), "--out", str(out), "--frames", "4", "--max-turns", "2",
+            "--max-new-tokens", "64"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2, r.output
+    errors = [line for line in r.output.splitlines()
+              if line.startswith("error") or "Error" in line or "Traceback" in line]
+    assert errors == [f"error: {out / 'summary.json'}: No space left on device"], r.output
+    assert by_id(out) == by_id(full[0])  # all rows were written before the summary
+    (out / "summary.json").unlink()  # space freed
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert timeless(json.loads((out / "summary.json").read_text())) == timeless(full[1])
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_read_only_run_directory_is_one_line(split, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import paravt.eval.commands as commands
+    from paravt.cli import app
+
+    monkeypatch.setattr(commands, "make_backends", lambda *a, **k: make_backend())
+    out = tmp_path / "ro"
+    out.mkdir()
+    out.chmod(0o555)
+    try:
+        r = CliRunner().invoke(app, ["eval", "--bench", "synthvt", "--data", str(split), "--out", str(out),
+                                     "--frames", "4", "--max-turns", "2", "--max-new-tokens", "64"])
+    finally:
+        out.chmod(0o755)
+    assert r.exit_code == 2, r.output
+    errors = [line for line in r.output.splitlines()
+              if line.startswith("error") or "Error" in line or "Traceback" in line]
+    assert errors == [f"error: {out / 'manifest.json'}: Permission denied"], r.output
+
+
+def test_report_output_errors_are_one_line(full, tmp_path):
+    from typer.testing import CliRunner
+
+    from paravt.cli import app
+
+    run = str(full[0])
+    cases = [(["--plot", str(tmp_path / "no" / "dir" / "p.png")], f"{tmp_path / 'no' / 'dir' / 'p.png'}: "
+              "No such file or directory"),
+             (["--plot", str(tmp_path / "p.png"), "--md", "/dev/full"], "/dev/full: No space left on device")]
+    for flags, want in cases:
+        r = CliRunner().invoke(app, ["eval", "report", run, *flags])
+        assert r.exit_code == 2, r.output
+        assert r.output.strip().splitlines() == [f"error: {want}"], r.output
+    bad = tmp_path / "torn"
+    bad.mkdir()
+    (bad / "summary.json").write_text('{"n": 3, "sco')
+    r = CliRunner().invoke(app, ["eval", "report", str(bad), "--plot", str(tmp_path / "q.png")])
+    assert r.exit_code == 2 and r.output.strip().splitlines() == [
+        f"error: {bad / 'summary.json'}: not valid JSON (rerun the eval to rewrite it)"], r.output

@@ -148,3 +148,43 @@ def test_one_process_can_train_with_different_precisions():
     from paravt.train.sft import make_accelerator
 
     assert [make_accelerator("cpu", mp).mixed_precision for mp in ("no", "bf16", "no")] == ["no", "bf16", "no"]
+
+
+@pytest.mark.parametrize("tmp_complete", [True, False])
+def test_resume_after_a_crash_between_the_checkpoint_renames(split, tiny_dir, tmp_path, monkeypatch, tmp_complete):
+    """The step-2 save dies between checkpoint -> checkpoint.old and checkpoint.tmp -> checkpoint.
+    The next run resumes from the complete .tmp (step 2), or from .old (step 1) when .tmp is not
+    marked complete, instead of starting over and deleting both."""
+    import pathlib
+
+    from rich.console import Console
+
+    from paravt.train.checkpoint import COMPLETE_FILE
+
+    out = tmp_path / "run"
+    cfg = SFTConfig(model=str(tiny_dir), data=str(split / "sft.parquet"), out=str(out), steps=2, batch_size=1,
+                    micro_batch_size=1, log_every=1, save_every=1, lr=1e-3, warmup_steps=0, device="cpu", threads=1)
+    real_rename, swaps = pathlib.Path.rename, []
+
+    def rename(self, target):
+        if self.name == "checkpoint.tmp":
+            swaps.append(self)
+            if len(swaps) == 2:
+                raise KeyboardInterrupt("killed between the renames")
+        return real_rename(self, target)
+
+    monkeypatch.setattr(pathlib.Path, "rename", rename)
+    with pytest.raises(KeyboardInterrupt):
+        train_sft(cfg)
+    monkeypatch.undo()
+    assert sorted(p.name for p in out.glob("checkpoint*")) == ["checkpoint.old", "checkpoint.tmp"]
+    if not tmp_complete:
+        (out / "checkpoint.tmp" / COMPLETE_FILE).unlink()
+    cfg.steps = 3
+    console = Console(record=True, width=200)
+    assert train_sft(cfg, console=console)["step"] == 3
+    want = ("checkpoint.tmp", 2) if tmp_complete else ("checkpoint.old", 1)
+    assert f"resuming from {out / want[0]} at step {want[1]}" in console.export_text()
+    assert load_state(out)["step"] == 3
+    assert sorted(p.name for p in out.glob("checkpoint*")) == ["checkpoint"]
+    assert [rec["step"] for rec in read_log(out)] == [1, 2, 3]

@@ -20,6 +20,7 @@ from paravt.backends.base import (Backend, BackendError, Completion, GenerateReq
 from paravt.video import Frame, VideoError, VideoReader
 
 EventHook = Callable[[str, dict], None]
+MAX_FRAMES = 10000  # the largest overview K accepted: its frames are decoded and held at once
 
 
 @dataclass
@@ -60,6 +61,8 @@ class EpisodeConfig:
         for name in ("frames", "max_turns", "max_parallel", "sub_max_frames", "max_new_tokens", "sub_max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.frames > MAX_FRAMES:
+            raise ValueError(f"frames must be <= {MAX_FRAMES}, got {self.frames}")
         if not 1 <= self.sub_min_frames <= self.sub_max_frames:
             raise ValueError("need 1 <= sub_min_frames <= sub_max_frames")
         for name in ("answer_max_new_tokens_mcq", "answer_max_new_tokens_tvg", "answer_max_new_tokens_oe"):

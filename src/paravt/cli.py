@@ -44,8 +44,14 @@ def demo(
     frames: int = typer.Option(DEMO_FRAMES, help="Overview frames K (4: the event usually falls between them, so the agent crops)."),
 ) -> None:
     """Make a synthetic long video and run the whole parallel episode on it, offline, on CPU."""
+    from paravt.agent import EpisodeConfig
     from paravt.demo import demo as run_demo
 
+    try:
+        EpisodeConfig(frames=frames)  # checks --frames before anything is written or loaded
+    except ValueError as e:
+        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
     run_demo(out, seed, model, frames)
 
 
@@ -89,14 +95,23 @@ def serve(
     port: int = typer.Option(8000),
     api_key: str = typer.Option(None, envvar="PARAVT_API_KEY", help="Require this bearer key."),
     max_batch: int = typer.Option(16, help="Most concurrent requests merged into one forward pass."),
+    max_model_len: int = typer.Option(None, help="Context length in tokens (prompt with its image tokens, plus the "
+                                      "generation); a request that cannot fit is refused with 400 (default: the "
+                                      "model's own)."),
+    # the defaults are paravt.serve's MAX_IMAGES and MAX_TOTAL_PIXELS (spelled out: importing serve here
+    # would load numpy for every `paravt --help`; tests/test_serve_limits.py checks they agree)
+    max_images: int = typer.Option(256, help="Most images in one request (more: 400)."),
+    max_total_pixels: int = typer.Option(256 * 1024 * 1024, help="Most decoded pixels of one request's images "
+                                         "together, read from their headers before decoding (more: 413)."),
 ) -> None:
     """Serve a model over an OpenAI-compatible /v1/chat/completions."""
     from paravt.models import ModelLoadError
     from paravt.serve import serve as run_serve
 
     try:
-        run_serve(model, host, port, api_key, max_batch)
-    except ModelLoadError as e:
+        run_serve(model, host, port, api_key, max_batch, max_model_len=max_model_len, max_images=max_images,
+                  max_total_pixels=max_total_pixels)
+    except (ModelLoadError, ValueError) as e:
         typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
 

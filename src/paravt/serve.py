@@ -5,9 +5,21 @@ therefore awaited together, and the hf backend merges them into one batched forw
 
 Safety, because a model server is a network service:
 - binds 127.0.0.1 unless told otherwise; a bearer key is checked on /v1/* when given;
-- never fetches a URL or opens a file: images must be base64 data URLs, decoded in memory,
-  with a cap on their pixel count (a small PNG can inflate to gigabytes);
+- never fetches a URL or opens a file: images must be base64 data URLs, decoded in memory;
 - bodies over `max_body_bytes` are refused (413) while they stream in, not after;
+- decoded pixels are bounded per request, because a small PNG can inflate to gigabytes. The
+  limits are checked from the image headers before any pixel data is decoded:
+    `max_images` (--max-images, default 256): images in one request, else 400;
+    `max_total_pixels` (--max-total-pixels, default 256 x 1024^2 = 268 M pixels, ~800 MB as
+    RGB): their decoded pixels together, else 413;
+    `max_image_pixels` (default 4096^2): one image, else 400.
+  An episode needs far less: 64 overview frames of up to 448x448 (13 M pixels) plus a turn of
+  crops (5 calls x 16 frames x 448x448 = 16 M);
+- a request the model can never serve (the backend's RequestRejected, e.g. a prompt longer than
+  --max-model-len) is 400 with the backend's message; any other backend failure is 500;
+- malformed JSON (including nesting too deep for the parser) and lone UTF-16 surrogates
+  (`"\\ud800"`, valid JSON but not text) are 400, and the connection stays usable;
+- a client that disconnects cancels its generation (the backend sees asyncio cancellation);
 - every error is OpenAI-shaped JSON `{"error": {"message", "type", "code"}}`.
 
 Supported: string or list content with text and image_url parts; temperature, top_p,
@@ -26,6 +38,7 @@ import hmac
 import io
 import json
 import logging
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -34,16 +47,42 @@ from typing import Any
 
 import numpy as np
 
-from paravt.backends.base import Backend, BackendError, GenerateRequest, ImagePart, Message, TextPart
+from paravt.backends.base import (Backend, BackendError, Completion, GenerateRequest, ImagePart, Message,
+                                  RequestRejected, TextPart)
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 MAX_IMAGE_PIXELS = 4096 * 4096
+MAX_IMAGES = 256
+MAX_TOTAL_PIXELS = 256 * 1024 * 1024
 MAX_NEW_TOKENS = 32768
 log = logging.getLogger("paravt.serve")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class PayloadError(ValueError):
     """A request the server understands to be wrong; its message goes back to the client (400)."""
+
+    status = 400
+
+
+class PayloadTooLarge(PayloadError):
+    """A request whose images would decode to more pixels than the server accepts (413)."""
+
+    status = 413
+
+
+@dataclass(frozen=True)
+class ImageLimits:
+    """What one request's images may decode to (see the module docstring)."""
+
+    max_pixels: int = MAX_IMAGE_PIXELS  # one image
+    max_images: int = MAX_IMAGES
+    max_total_pixels: int = MAX_TOTAL_PIXELS  # all images of the request together
+
+    def __post_init__(self) -> None:
+        for name in ("max_pixels", "max_images", "max_total_pixels"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass
@@ -55,8 +94,9 @@ class ChatRequest:
     logprobs: bool
 
 
-def decode_image(url: str, max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray:
-    """A base64 image data URL -> HxWx3 uint8 RGB. Anything else is refused: the server fetches nothing."""
+def open_image(url: str, max_pixels: int = MAX_IMAGE_PIXELS):
+    """A base64 image data URL -> a lazily opened PIL image: only its header is read, so its size can
+    be checked before any pixel is decoded. Anything but a data URL is refused: the server fetches nothing."""
     from PIL import Image
 
     if not isinstance(url, str) or not url.startswith("data:"):
@@ -71,23 +111,73 @@ def decode_image(url: str, max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray:
     except (binascii.Error, ValueError) as e:
         raise PayloadError(f"image data URL is not valid base64: {e}") from None
     try:
-        img = Image.open(io.BytesIO(raw))  # lazy: reads the header only, so the size check comes first
+        img = Image.open(io.BytesIO(raw))  # lazy: reads the header only
         w, h = img.size
-        if w * h > max_pixels:
-            raise PayloadError(f"image of {w}x{h} pixels is over the limit of {max_pixels} pixels")
-        arr = np.asarray(img.convert("RGB"))
-    except PayloadError:
-        raise
     except Exception as e:  # PIL raises many kinds (UnidentifiedImageError, OSError, DecompressionBombError, ...)
         raise PayloadError(f"image could not be decoded: {type(e).__name__}: {e}") from None
-    return arr
+    if w * h > max_pixels:
+        raise PayloadError(f"image of {w}x{h} pixels is over the limit of {max_pixels} pixels")
+    return img
 
 
-def parse_messages(raw: Any, max_pixels: int = MAX_IMAGE_PIXELS) -> list[Message]:
-    """OpenAI chat messages -> our Messages (images decoded to arrays)."""
+def to_rgb(img) -> np.ndarray:
+    """Decode a lazily opened PIL image's pixels -> HxWx3 uint8 RGB."""
+    try:
+        return np.asarray(img.convert("RGB"))
+    except Exception as e:
+        raise PayloadError(f"image could not be decoded: {type(e).__name__}: {e}") from None
+
+
+def decode_image(url: str, max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray:
+    """A base64 image data URL -> HxWx3 uint8 RGB (size checked from the header first)."""
+    return to_rgb(open_image(url, max_pixels))
+
+
+def _is_image_part(p: Any) -> bool:
+    return isinstance(p, dict) and p.get("type") == "image_url"
+
+
+def count_images(raw: Any) -> int:
+    """Image parts in a messages list, counted before any of them is decoded."""
+    if not isinstance(raw, list):
+        return 0
+    return sum(_is_image_part(p) for m in raw if isinstance(m, dict) and isinstance(m.get("content"), list)
+               for p in m["content"])
+
+
+def check_text(body: Any) -> None:
+    """Refuse lone UTF-16 surrogates anywhere in the body. JSON's "\\ud800" escape parses into a str
+    that cannot be encoded as UTF-8, so it would fail later, in the tokenizer, as a 500."""
+    stack: list[tuple[str, Any]] = [("body", body)]
+    while stack:  # iterative: the parsed body may be nested as deep as the JSON parser allowed
+        where, v = stack.pop()
+        if isinstance(v, str):
+            m = None if v.isascii() else _SURROGATE.search(v)  # isascii is O(1): base64 images cost nothing
+            if m:
+                raise PayloadError(f"{where} holds a lone surrogate (\\u{ord(m.group()):04x} at character "
+                                   f"{m.start()}), which is not text; send valid UTF-8 / paired \\u escapes")
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                if not k.isascii() and _SURROGATE.search(k):
+                    raise PayloadError(f"a key of {where} holds a lone surrogate, which is not text")
+                stack.append((k if where == "body" else f"{where}.{k}", x))
+        elif isinstance(v, list):
+            stack.extend((f"{where}[{i}]", x) for i, x in enumerate(v))
+
+
+def parse_messages(raw: Any, max_pixels: int = MAX_IMAGE_PIXELS, limits: ImageLimits | None = None) -> list[Message]:
+    """OpenAI chat messages -> our Messages (images decoded to arrays). The request's image count and
+    total pixels are checked against `limits` from the headers before any image is decoded."""
+    limits = limits or ImageLimits(max_pixels=max_pixels)
     if not isinstance(raw, list) or not raw:
         raise PayloadError("messages must be a non-empty list")
+    n_images = count_images(raw)
+    if n_images > limits.max_images:
+        raise PayloadError(f"the request holds {n_images} images, over the limit of {limits.max_images} images "
+                           "per request")
     msgs: list[Message] = []
+    pending: list[tuple[list, int, Any, str]] = []  # (parts, index, lazily opened image, where)
+    total = 0
     for i, m in enumerate(raw):
         role = m.get("role") if isinstance(m, dict) else None
         if role == "developer":  # the newer OpenAI name of the system role
@@ -110,16 +200,28 @@ def parse_messages(raw: Any, max_pixels: int = MAX_IMAGE_PIXELS) -> list[Message
                 parts.append(TextPart(p["text"]))
             elif kind == "image_url" and isinstance(p.get("image_url"), (dict, str)):
                 url = p["image_url"].get("url") if isinstance(p["image_url"], dict) else p["image_url"]
+                where = f"messages[{i}].content[{j}]"
+                if role != "user":
+                    raise PayloadError(f"messages[{i}]: images are accepted in user messages only")
                 try:
-                    parts.append(ImagePart(decode_image(url, max_pixels)))
+                    img = open_image(url, limits.max_pixels)
                 except PayloadError as e:
-                    raise PayloadError(f"messages[{i}].content[{j}]: {e}") from None
+                    raise PayloadError(f"{where}: {e}") from None
+                total += img.size[0] * img.size[1]
+                pending.append((parts, len(parts), img, where))
+                parts.append(None)  # decoded below, once every image's size is known to fit
             else:
                 raise PayloadError(f"messages[{i}].content[{j}] must be a text part or an image_url part "
                                    f"(got type {kind!r})")
-        if role != "user" and any(isinstance(p, ImagePart) for p in parts):
-            raise PayloadError(f"messages[{i}]: images are accepted in user messages only")
         msgs.append(Message(role, parts))
+    if total > limits.max_total_pixels:
+        raise PayloadTooLarge(f"the request's {n_images} images decode to {total} pixels, over the limit of "
+                              f"{limits.max_total_pixels} pixels per request")
+    for parts, k, img, where in pending:
+        try:
+            parts[k] = ImagePart(to_rgb(img))
+        except PayloadError as e:
+            raise PayloadError(f"{where}: {e}") from None
     return msgs
 
 
@@ -134,10 +236,12 @@ def _number(body: dict, key: str, default: float, lo: float, hi: float, kind: ty
     return kind(v)
 
 
-def parse_chat_request(body: Any, max_pixels: int = MAX_IMAGE_PIXELS) -> ChatRequest:
-    """Validate a /v1/chat/completions body and turn it into a GenerateRequest; PayloadError says what is wrong."""
+def parse_chat_request(body: Any, max_pixels: int = MAX_IMAGE_PIXELS, limits: ImageLimits | None = None) -> ChatRequest:
+    """Validate a /v1/chat/completions body and turn it into a GenerateRequest; PayloadError says what is
+    wrong (its `status` is 400, or 413 for images over the pixel budget)."""
     if not isinstance(body, dict):
         raise PayloadError("the body must be a JSON object")
+    check_text(body)
     if body.get("stream"):
         raise PayloadError("stream=true is not supported; send stream=false")
     if _number(body, "n", 1, 1, 128, int) != 1:
@@ -149,7 +253,7 @@ def parse_chat_request(body: Any, max_pixels: int = MAX_IMAGE_PIXELS) -> ChatReq
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise PayloadError("model must be a string")
-    messages = parse_messages(body.get("messages"), max_pixels)
+    messages = parse_messages(body.get("messages"), max_pixels, limits)
     cont = bool(body.get("continue_final_message", False))
     add_gen = body.get("add_generation_prompt")
     prefix = ""
@@ -182,15 +286,49 @@ def parse_chat_request(body: Any, max_pixels: int = MAX_IMAGE_PIXELS) -> ChatReq
     return ChatRequest(request=req, model=model, logprobs=bool(body.get("logprobs", False)))
 
 
+async def _until_disconnect(receive) -> None:
+    """Return once the ASGI server reports that the client went away (the body is already read,
+    so the only message left to receive is http.disconnect)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _retrieve(task: asyncio.Task) -> None:
+    """Done-callback of a task whose outcome nobody awaits: fetch it so asyncio does not warn."""
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("abandoned task ended with %r", task.exception())
+
+
+async def generate_while_connected(backend: Backend, req: GenerateRequest, receive) -> Completion | None:
+    """The completion, or None if the client disconnected first, in which case the generation is
+    cancelled: a gone client must not keep the model busy (the hf backend drops the cancelled row)."""
+    gen = asyncio.ensure_future(backend.generate([req]))
+    gone = asyncio.ensure_future(_until_disconnect(receive))
+    gone.add_done_callback(_retrieve)
+    try:
+        await asyncio.wait({gen, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:  # also when this handler is itself cancelled (server shutdown)
+        gone.cancel()
+        if not gen.done():
+            gen.add_done_callback(_retrieve)
+            gen.cancel()
+    if gen.cancelled():
+        return None
+    return gen.result()[0]
+
+
 def create_app(backend: Backend, model_name: str, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
-               max_image_pixels: int = MAX_IMAGE_PIXELS):
+               max_image_pixels: int = MAX_IMAGE_PIXELS, max_images: int = MAX_IMAGES,
+               max_total_pixels: int = MAX_TOTAL_PIXELS):
     """The FastAPI app. Any Backend works (tests use fakes); `model_name` is the id /v1/models lists
-    and the only one /v1/chat/completions accepts (as vLLM does, so a wrong model is a clear 404)."""
+    and the only one /v1/chat/completions accepts (as vLLM does, so a wrong model is a clear 404).
+    The limits are described in the module docstring."""
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
     from starlette.exceptions import HTTPException
 
+    limits = ImageLimits(max_image_pixels, max_images, max_total_pixels)
     app = FastAPI(title="paravt serve", version="1", docs_url=None, redoc_url=None, openapi_url=None)
     kinds = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
              405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error"}
@@ -244,17 +382,24 @@ def create_app(backend: Backend, model_name: str, api_key: str | None = None, ma
             body = json.loads(b"".join(chunks))
         except ValueError as e:
             return error(400, f"the body is not valid JSON: {e}")
+        except RecursionError:  # not a ValueError: json gives up on deep nesting ([[[[...) this way
+            return error(400, "the body is not valid JSON: nested too deeply")
         try:
             # image decoding is CPU work: off the event loop, so other requests keep flowing
-            parsed = await asyncio.to_thread(parse_chat_request, body, max_image_pixels)
+            parsed = await asyncio.to_thread(parse_chat_request, body, limits=limits)
         except PayloadError as e:
-            return error(400, str(e))
+            return error(e.status, str(e))
         if parsed.model is not None and parsed.model != model_name:
             return error(404, f"model {parsed.model!r} is not served here; this server serves {model_name!r}")
         try:
-            c = (await backend.generate([parsed.request]))[0]
+            c = await generate_while_connected(backend, parsed.request, request.receive)
+        except RequestRejected as e:
+            return error(400, str(e))
         except BackendError as e:
             return error(500, f"the model failed: {e}")
+        if c is None:
+            log.info("client disconnected: generation cancelled")
+            return error(499, "the client closed the connection; the generation was cancelled", "client_closed")
         if c.finish_reason == "error" or c.error:
             return error(500, f"the model failed: {c.error or 'unknown error'}")
         choice: dict = {"index": 0, "message": {"role": "assistant", "content": c.text},
@@ -279,14 +424,20 @@ def create_app(backend: Backend, model_name: str, api_key: str | None = None, ma
 
 
 def serve(model: str | None, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-          max_batch: int = 16) -> None:
-    """Load the model (or build an untrained tiny one) and serve it until interrupted."""
+          max_batch: int = 16, max_model_len: int | None = None, max_images: int = MAX_IMAGES,
+          max_total_pixels: int = MAX_TOTAL_PIXELS) -> None:
+    """Load the model (or build an untrained tiny one) and serve it until interrupted. `max_model_len`
+    (None: the model's own) goes to the backend, which rejects longer prompts (400). The limits are
+    checked before the model loads, so a typo fails fast."""
     import uvicorn
     from rich.console import Console
 
     from paravt.backends.hf import HFBackend
     from paravt.models import load_model
 
+    limits = ImageLimits(max_images=max_images, max_total_pixels=max_total_pixels)
+    if max_model_len is not None and max_model_len < 1:
+        raise ValueError(f"max_model_len must be >= 1, got {max_model_len}")
     console = Console(stderr=True)
     if model:
         m, p = load_model(model)
@@ -302,5 +453,7 @@ def serve(model: str | None, host: str = "127.0.0.1", port: int = 8000, api_key:
         console.print(f"[yellow]warning: listening on {host} without --api-key: anyone who can reach it can use it"
                       "[/yellow]")
     console.print(f"paravt serve: model [bold]{name}[/bold] at http://{host}:{port}/v1 (max batch {max_batch})")
-    app = create_app(HFBackend(m, p, max_batch=max_batch), name, api_key=api_key)
+    backend = HFBackend(m, p, max_batch=max_batch, max_model_len=max_model_len)
+    app = create_app(backend, name, api_key=api_key, max_images=limits.max_images,
+                     max_total_pixels=limits.max_total_pixels)
     uvicorn.run(app, host=host, port=port, log_level="warning")

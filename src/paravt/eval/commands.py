@@ -54,12 +54,20 @@ def eval_command(*, bench: str, data: str, videos: str | None, model: str | None
     from paravt.backends.base import BackendError
     from paravt.eval.benchmarks import BenchmarkError, load_benchmark
     from paravt.eval.metrics import summary_tables
-    from paravt.eval.runner import EvalAborted, ManifestMismatch, eval_config, run_eval_async
+    from paravt.eval.runner import EvalAborted, ManifestMismatch, OutputError, eval_config, run_eval_async
     from paravt.models import ModelLoadError
     from paravt.rewards import RewardConfig
 
     console = Console()
     try:
+        # the arguments first: a typo must not cost a model load or a benchmark scan
+        cfg = eval_config(mode=mode, frames=frames, max_turns=max_turns, max_parallel=max_parallel,
+                          max_new_tokens=max_new_tokens)
+        reward_cfg = RewardConfig(oe_metric=oe_metric)
+        if concurrency < 1:
+            raise ValueError(f"--concurrency must be >= 1, got {concurrency}")
+        if limit is not None and limit < 0:
+            raise ValueError(f"--limit must be >= 0, got {limit}")
         loaded = load_benchmark(bench, data, videos)
         console.print(f"[bold]{bench}[/bold]: {len(loaded.samples)} samples with their video")
         if loaded.missing:
@@ -72,9 +80,6 @@ def eval_command(*, bench: str, data: str, videos: str | None, model: str | None
             console.print(f"[yellow]{n} row(s) kept as the official scoring keeps them: {reason}[/yellow]")
         if not loaded.samples:
             raise BenchmarkError(f"no {bench} sample has its video: point --videos at the video directory")
-        cfg = eval_config(mode=mode, frames=frames, max_turns=max_turns, max_parallel=max_parallel,
-                          max_new_tokens=max_new_tokens)
-        reward_cfg = RewardConfig(oe_metric=oe_metric)
         backend = make_backends(model, endpoints, api_key, served_model, image_format, console)
         model_id = model or endpoints or "default"
 
@@ -93,8 +98,8 @@ def eval_command(*, bench: str, data: str, videos: str | None, model: str | None
         console.print(f"[yellow]interrupted: every finished sample is in {out}/results.jsonl; rerun the same "
                       "command to resume[/yellow]")
         raise typer.Exit(130) from None
-    except (BenchmarkError, ManifestMismatch, EvalAborted, ModelLoadError, BackendError, ValueError) as e:
-        _fail(str(e))
+    except (BenchmarkError, ManifestMismatch, EvalAborted, OutputError, ModelLoadError, BackendError, ValueError) as e:
+        _fail(str(e))  # OutputError: "<path>: <cause>"; every row written so far is kept
     for t in summary_tables(summary, f"{bench} · {mode} · {out}"):
         console.print(t)
     console.print(f"[dim]{out}/results.jsonl, summary.json, summary.md[/dim]")

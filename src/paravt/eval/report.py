@@ -4,6 +4,7 @@ plot of the headline score, mean tool calls and, where every run has it, the sco
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +18,16 @@ MORE_COLUMNS = {"answered_rate": "answered %", "latency_p90_s": "p90 s", "mean_c
 
 
 class ReportError(ValueError):
-    pass
+    """A run that cannot be read or an output that cannot be written; the CLI prints it as one line."""
+
+
+@contextmanager
+def _io(path: str | Path):
+    """An OSError on `path` as a ReportError `<path>: <cause>`."""
+    try:
+        yield
+    except OSError as e:
+        raise ReportError(f"{path}: {e.strerror or e}") from None
 
 
 @dataclass
@@ -32,11 +42,20 @@ def load_run(d: str | Path) -> Run:
     d = Path(d)
     if not (d / "summary.json").is_file():
         raise ReportError(f"{d} has no summary.json (not an eval run directory, or not finished once)")
-    summary = json.loads((d / "summary.json").read_text())
-    manifest = json.loads((d / "manifest.json").read_text()) if (d / "manifest.json").is_file() else {}
+    summary = _read_json(d / "summary.json")
+    manifest = _read_json(d / "manifest.json") if (d / "manifest.json").is_file() else {}
     mode = (manifest.get("episode") or {}).get("mode", "")
     label = d.name + (f" ({mode})" if mode and mode not in d.name else "")
     return Run(label, d, summary, manifest)
+
+
+def _read_json(path: Path) -> dict:
+    with _io(path):
+        text = path.read_text()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise ReportError(f"{path}: not valid JSON (rerun the eval to rewrite it)") from None
 
 
 def _cell(v) -> str:
@@ -92,9 +111,11 @@ def compare(dirs: list[str | Path], plot: str | Path | None = None, md: str | Pa
         tables.append(t)
     if md:
         sections = [(title, _rows(runs, full=True))] + breakdowns
-        Path(md).write_text("\n".join(f"## {name}\n\n{markdown_table(h, r)}" for name, (h, r) in sections))
+        with _io(md):
+            Path(md).write_text("\n".join(f"## {name}\n\n{markdown_table(h, r)}" for name, (h, r) in sections))
     if plot:
-        _plot(runs, Path(plot))
+        with _io(plot):
+            _plot(runs, Path(plot))
     return tables, runs
 
 
@@ -132,5 +153,7 @@ def _plot(runs: list[Run], path: Path) -> None:
     for a in axes[:2]:
         a.set_xticks(x, names, rotation=20, ha="right", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=110)
+    finally:  # also when the path cannot be written: no figure left open
+        plt.close(fig)

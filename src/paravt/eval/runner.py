@@ -6,6 +6,11 @@ unless told otherwise); a line torn by a crash mid-write is cut off and that sam
 manifest pins the settings that change results (benchmark, model, episode config, scoring), so a
 resume never mixes two configurations unless forced. Several backends (or one OpenAI backend over
 several endpoints) are used at once: each episode goes to the least busy one.
+
+A run directory that cannot be written (disk full, read-only, quota) raises OutputError naming
+the file: the run stops taking samples, lets the episodes in flight end (cancelling one under a
+running frame decode is unsafe), writes nothing more and keeps every row already written, so a
+rerun with room resumes it. A row cut by the failing write is cut back off the file.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import json
 import os
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -40,6 +46,42 @@ class EvalAborted(RuntimeError):
     writing an error row for every remaining sample."""
 
 
+class OutputError(RuntimeError):
+    """A file of the run directory could not be read or written; the message is `<path>: <cause>`."""
+
+    def __init__(self, path: str | Path, err: OSError):
+        self.path, self.err = Path(path), err
+        super().__init__(f"{path}: {err.strerror or err}")
+
+
+@contextmanager
+def disk_errors(path: str | Path):
+    """Turn an OSError on `path` (ENOSPC, EFBIG, EACCES, EROFS, ...) into an OutputError naming it."""
+    try:
+        yield
+    except OSError as e:
+        raise OutputError(path, e) from None
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace `path` by `text` whole or not at all (a manifest cut short would block the resume)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with disk_errors(path):
+        try:
+            with open(tmp, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+def write_text(path: Path, text: str) -> None:
+    with disk_errors(path):
+        path.write_text(text)
+
+
 def eval_config(**overrides: Any) -> EpisodeConfig:
     """The paper's evaluation protocol (SPEC §5): greedy, 2048 new tokens per turn, K = 64
     overview frames, 3 rounds with the last one a forced answer (64 / 128 tokens), 5 calls a turn."""
@@ -63,7 +105,8 @@ def read_results(path: str | Path, repair: bool = True) -> list[dict]:
     path = Path(path)
     if not path.exists():
         return []
-    data = path.read_bytes()
+    with disk_errors(path):
+        data = path.read_bytes()
     rows: list[dict] = []
     cut = len(data) if not data or data.endswith(b"\n") else data.rfind(b"\n") + 1
     body, tail = data[:cut], data[cut:]
@@ -80,7 +123,7 @@ def read_results(path: str | Path, repair: bool = True) -> list[dict]:
         except json.JSONDecodeError:
             fix = "truncate"
         if repair:
-            with open(path, "r+b") as f:
+            with disk_errors(path), open(path, "r+b") as f:
                 if fix == "truncate":
                     f.truncate(len(data) - len(tail))
                 else:
@@ -100,25 +143,44 @@ def latest_rows(rows: list[dict]) -> dict[str, dict]:
 
 
 class ResultWriter:
-    """Appends rows to results.jsonl, each flushed and fsynced before `write` returns."""
+    """Appends rows to results.jsonl, each fsynced before `write` returns. A failed write is cut
+    back off the file (when the file system allows) and every later write raises the same
+    OutputError: after a failure nothing more is written."""
 
     def __init__(self, path: Path):
         self.path = path
-        self._f = open(path, "ab")
+        with disk_errors(path):
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._lock = asyncio.Lock()
+        self.failed: OutputError | None = None
 
     def _write(self, data: bytes) -> None:
-        self._f.write(data)
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        end = os.lseek(self._fd, 0, os.SEEK_END)
+        try:
+            view = memoryview(data)
+            while view:  # unbuffered: nothing is left in a buffer to be flushed (or fail) later
+                view = view[os.write(self._fd, view):]
+            os.fsync(self._fd)
+        except OSError as e:
+            try:
+                os.ftruncate(self._fd, end)  # no torn row (a resume would also cut it off)
+            except OSError:
+                pass
+            raise OutputError(self.path, e) from None
 
     async def write(self, row: dict) -> None:
         data = (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
         async with self._lock:  # one writer at a time; the fsync runs off the event loop
-            await asyncio.to_thread(self._write, data)
+            if self.failed is not None:
+                raise self.failed
+            try:
+                await asyncio.to_thread(self._write, data)
+            except OutputError as e:
+                self.failed = e
+                raise
 
     def close(self) -> None:
-        self._f.close()
+        os.close(self._fd)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -141,8 +203,10 @@ def check_manifest(out: Path, manifest: dict, force: bool) -> None:
     new = _compared(manifest)
     if path.exists():
         try:
-            old_all = json.loads(path.read_text())
-        except json.JSONDecodeError:
+            with disk_errors(path):
+                text = path.read_text()
+            old_all = json.loads(text)
+        except (json.JSONDecodeError, UnicodeDecodeError):
             old_all = {}
         old = _compared(old_all)
         has_rows = bool(read_results(out / RESULTS, repair=False))
@@ -155,7 +219,7 @@ def check_manifest(out: Path, manifest: dict, force: bool) -> None:
                 raise ManifestMismatch(f"{out} holds a run with other settings ({', '.join(diff)} differ); "
                                        "use another --out, or --force to mix them")
             manifest = {**manifest, "info": {**manifest.get("info", {}), "forced_over": old_all}}
-    path.write_text(json.dumps(manifest, indent=1, sort_keys=True, default=str))
+    write_text_atomic(path, json.dumps(manifest, indent=1, sort_keys=True, default=str))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -299,7 +363,8 @@ async def run_eval_async(
         raise ValueError(f"limit must be >= 0, got {limit}")
     reward_cfg = reward_cfg or RewardConfig()
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    with disk_errors(out):
+        out.mkdir(parents=True, exist_ok=True)
     targets = list(samples[:limit] if limit is not None else samples)
     bench = targets[0].bench if targets else (samples[0].bench if samples else (manifest or {}).get("bench"))
     man = {"bench": bench, "model": model, "episode": asdict(config), "scoring": {"oe_metric": reward_cfg.oe_metric},
@@ -307,9 +372,7 @@ async def run_eval_async(
            "info": {"created": time.strftime("%Y-%m-%dT%H:%M:%S"), "n_samples": len(samples),
                     "missing_videos": len(missing), **(manifest or {}).get("info", {})}}
     check_manifest(out, man, force)
-    with open(out / "missing_videos.jsonl", "w") as f:
-        for m in missing:
-            f.write(json.dumps(asdict(m)) + "\n")
+    write_text(out / "missing_videos.jsonl", "".join(json.dumps(asdict(m)) + "\n" for m in missing))
 
     results = out / RESULTS
     done = latest_rows(read_results(results))
@@ -343,6 +406,14 @@ async def run_eval_async(
     stop = asyncio.Event()
     state = {"new": 0, "claimed": 0, "backend_fail_streak": 0, "last_error": ""}
 
+    def stop_writing(e: OutputError) -> None:
+        """Stop taking samples; the episodes in flight end on their own (see the module docstring)."""
+        if not stop.is_set() and prog is not None:
+            from rich.markup import escape
+
+            prog.update(task, status=f"[red]cannot write {escape(str(e))}[/red]: ending the episodes in flight")
+        stop.set()
+
     async def worker() -> None:
         while todo and not stop.is_set():
             s = todo.popleft()
@@ -351,7 +422,11 @@ async def run_eval_async(
                 if state["claimed"] >= stop_after:
                     return  # simulated kill: what was in flight is lost, as in a real one
                 state["claimed"] += 1  # claimed before the write yields, so two workers cannot both pass
-            await writer.write(row)  # on disk before it counts
+            try:
+                await writer.write(row)  # on disk before it counts
+            except OutputError as e:
+                stop_writing(e)
+                return
             state["new"] += 1
             tally["n"] += 1
             tally["score"] += float(row.get("score") or 0)
@@ -384,6 +459,8 @@ async def run_eval_async(
         if created:
             for b in pool.backends:
                 await b.aclose()
+    if writer.failed is not None:
+        raise writer.failed
     if state["backend_fail_streak"] >= max_consecutive_backend_errors:
         raise EvalAborted(f"the model failed on {state['backend_fail_streak']} samples in a row (last: "
                           f"{state['last_error']}); results so far are in {results}; rerun to resume")
@@ -405,8 +482,8 @@ def write_summary(out: str | Path, ids: Sequence[str] | None = None, bench: str 
         summary["pending"] = len(ids) - len(rows)
     if missing is not None:
         summary["missing_videos"] = missing
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
-    (out / "summary.md").write_text(markdown(summary, f"{bench or 'eval'} · {out.name}"))
+    write_text(out / "summary.json", json.dumps(summary, indent=1, sort_keys=True))
+    write_text(out / "summary.md", markdown(summary, f"{bench or 'eval'} · {out.name}"))
     return summary
 
 

@@ -1,58 +1,121 @@
 """Checkpoints shared by SFT and GRPO: OUT/checkpoint holds the model (safetensors, loadable by
 `paravt.models.load_model`, so a checkpoint is directly usable by ask/eval/serve) and
-`trainer_state.pt` (optimizer, scheduler, step, config). Written to a temporary directory and
-swapped in, so a crash while saving leaves the previous checkpoint intact."""
+`trainer_state.pt` (optimizer, scheduler, step, config).
+
+A save writes OUT/checkpoint.tmp, ends it with a marker file (COMPLETE_FILE, written last), then
+swaps it in by two renames: checkpoint -> checkpoint.old, checkpoint.tmp -> checkpoint. A crash at
+any point leaves a complete checkpoint to resume from: `find_checkpoint` takes OUT/checkpoint,
+else a complete checkpoint.tmp (a crash between the renames), else checkpoint.old; and a save never
+deletes the only complete one before its own is complete."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 STATE_FILE = "trainer_state.pt"
+COMPLETE_FILE = "checkpoint_complete"
 
 
 def checkpoint_dir(out: str | Path) -> Path:
     return Path(out) / "checkpoint"
 
 
+def _leftovers(out: str | Path) -> tuple[Path, Path, Path]:
+    final = checkpoint_dir(out)
+    return final, final.with_name(final.name + ".tmp"), final.with_name(final.name + ".old")
+
+
+def is_complete(d: Path, need_marker: bool = True) -> bool:
+    """Whether `d` holds a whole checkpoint. OUT/checkpoint and .old only ever come from renaming a
+    finished one, so their state file is enough (and checkpoints of earlier versions have no marker);
+    a .tmp must carry the marker, which its save writes last."""
+    return (d / STATE_FILE).is_file() and (not need_marker or (d / COMPLETE_FILE).is_file())
+
+
+def find_checkpoint(out: str | Path) -> Path | None:
+    """The complete checkpoint a run resumes from (see the module docstring), or None."""
+    final, tmp, old = _leftovers(out)
+    for d, need_marker in ((final, False), (tmp, True), (old, False)):
+        if is_complete(d, need_marker):
+            return d
+    return None
+
+
 def has_checkpoint(out: str | Path) -> bool:
-    return (checkpoint_dir(out) / STATE_FILE).is_file()
+    return find_checkpoint(out) is not None
+
+
+def _remove(d: Path) -> None:
+    """Delete a checkpoint directory, its state and marker first, so a delete cut short never
+    leaves something that looks complete."""
+    for name in (COMPLETE_FILE, STATE_FILE):
+        (d / name).unlink(missing_ok=True)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _seal(d: Path, step: Any) -> None:
+    """Flush every file of `d` to disk, then write the marker: a marked directory is whole even
+    after a power loss."""
+    for f in d.rglob("*"):
+        if f.is_file():
+            _fsync(f)
+    with open(d / COMPLETE_FILE, "w") as fh:
+        fh.write(f"{step}\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    _fsync(d)
 
 
 def save_checkpoint(out: str | Path, model, processor, state: dict[str, Any], keep_as: str | None = None) -> Path:
-    """Write model + processor + trainer state to OUT/checkpoint (atomically); with `keep_as`,
-    also keep a copy at OUT/<keep_as> (e.g. step-numbered snapshots)."""
+    """Write model + processor + trainer state to OUT/checkpoint (crash-safe, see the module
+    docstring); with `keep_as`, also keep a copy of the model at OUT/<keep_as> (e.g. step-numbered
+    snapshots)."""
     import torch
 
     from paravt.models.tiny import save_pretrained
 
-    final = checkpoint_dir(out)
-    tmp = final.with_name(final.name + ".tmp")
-    old = final.with_name(final.name + ".old")
-    shutil.rmtree(tmp, ignore_errors=True)
+    final, tmp, old = _leftovers(out)
+    if find_checkpoint(out) == tmp:  # a crash between the renames: finish that swap before reusing .tmp
+        _remove(final)
+        tmp.rename(final)
+    _remove(tmp)  # a save cut short (or none): the complete checkpoint is elsewhere
     save_pretrained(model, processor, tmp)
     torch.save(state, tmp / STATE_FILE)
+    _seal(tmp, state.get("step"))
     if final.exists():
-        shutil.rmtree(old, ignore_errors=True)
+        _remove(old)  # tmp is complete now, so the previous checkpoint may go
         final.rename(old)
     tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
+    _fsync(final.parent)
+    _remove(old)
     if keep_as:
         snap = Path(out) / keep_as
         shutil.rmtree(snap, ignore_errors=True)
-        shutil.copytree(final, snap, ignore=shutil.ignore_patterns(STATE_FILE))
+        shutil.copytree(final, snap, ignore=shutil.ignore_patterns(STATE_FILE, COMPLETE_FILE))
     return final
 
 
 def load_state(out: str | Path) -> dict[str, Any]:
+    """The trainer state of the checkpoint `find_checkpoint` picks."""
     import torch
 
-    path = checkpoint_dir(out) / STATE_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"no trainer state at {path}")
-    return torch.load(path, weights_only=False, map_location="cpu")
+    found = find_checkpoint(out)
+    if found is None:
+        raise FileNotFoundError(f"no complete checkpoint in {Path(out)} (looked for checkpoint, checkpoint.tmp, "
+                                "checkpoint.old)")
+    return torch.load(found / STATE_FILE, weights_only=False, map_location="cpu")
 
 
 def load_policy(model: str, *, seed: int = 0, tiny_size: str = "tiny", device: str = "cpu", dtype: str = "fp32"):
@@ -89,7 +152,7 @@ def make_optimizer(model, cfg, freeze_vision: bool = False):
 
 
 def restore_optimizer(out: str | Path, opt, sched) -> int:
-    """Load the optimizer and schedule state of OUT/checkpoint; returns the step it was saved at."""
+    """Load the optimizer and schedule state of the checkpoint to resume from; returns its step."""
     state = load_state(out)
     opt.load_state_dict(state["optimizer"])
     sched.load_state_dict(state["scheduler"])

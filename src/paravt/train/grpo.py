@@ -352,7 +352,7 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend) -> dict:
     from rich.console import Console
     from paravt.backends.hf import HFBackend, Renderer
     from paravt.rewards import score_episode, shape
-    from paravt.train.checkpoint import (checkpoint_dir, has_checkpoint, load_policy, make_optimizer, restore_optimizer,
+    from paravt.train.checkpoint import (find_checkpoint, load_policy, make_optimizer, restore_optimizer,
                                          save_checkpoint)
     from paravt.train.logging import RunLogger
     from paravt.train.sequences import collate, episode_sequences, micro_batches, token_logprobs
@@ -368,7 +368,8 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend) -> dict:
     device = str(acc.device)
 
     # policy (resumed or fresh) and the frozen reference (always the run's starting weights)
-    resume = has_checkpoint(out)
+    resumed_from = find_checkpoint(out)  # checkpoint, or what a crash mid-save left
+    resume = resumed_from is not None
     torch.manual_seed(cfg.seed)
     initial = out / "initial"
     ref_source = cfg.model
@@ -381,7 +382,7 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend) -> dict:
             save_pretrained(m0, p0, initial)
             del m0
         acc.wait_for_everyone()
-    source = str(checkpoint_dir(out)) if resume else ref_source
+    source = str(resumed_from) if resume else ref_source
     model, processor = load_policy(source, seed=cfg.seed, tiny_size=cfg.tiny_size, device=device, dtype=cfg.dtype)
     ref = None
     if cfg.kl_coef > 0:
@@ -392,7 +393,7 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend) -> dict:
     step = 0
     if resume:
         step = restore_optimizer(out, opt, sched)
-        console.print(f"[dim]resuming from {checkpoint_dir(out)} at step {step}[/dim]")
+        console.print(f"[dim]resuming from {resumed_from} at step {step}[/dim]")
     wrapped, opt, sched = acc.prepare(model, opt, sched)
     base = acc.unwrap_model(wrapped)
     backend = (make_backend or HFBackend)(base, processor, max_batch=cfg.rollout_batch)

@@ -276,7 +276,7 @@ def _train_sft(cfg: SFTConfig, console=None) -> dict:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from paravt.backends.hf import Renderer
-    from paravt.train.checkpoint import (checkpoint_dir, has_checkpoint, load_policy, make_optimizer, restore_optimizer,
+    from paravt.train.checkpoint import (find_checkpoint, load_policy, make_optimizer, restore_optimizer,
                                          save_checkpoint)
     from paravt.train.logging import RunLogger
     from paravt.train.sequences import collate, micro_batches, token_logprobs
@@ -296,16 +296,17 @@ def _train_sft(cfg: SFTConfig, console=None) -> dict:
     if not rows:
         raise ConfigError(f"{cfg.data} holds no usable rows")
 
-    resume = has_checkpoint(out)
+    resumed_from = find_checkpoint(out)  # checkpoint, or what a crash mid-save left
+    resume = resumed_from is not None
     torch.manual_seed(cfg.seed)
-    source = str(checkpoint_dir(out)) if resume else cfg.model
+    source = str(resumed_from) if resume else cfg.model
     model, processor = load_policy(source, seed=cfg.seed, tiny_size=cfg.tiny_size, device=str(acc.device), dtype=cfg.dtype)
     renderer = Renderer(processor)
     params, opt, sched = make_optimizer(model, cfg, cfg.freeze_vision)
     step = 0
     if resume:
         step = restore_optimizer(out, opt, sched)
-        console.print(f"[dim]resuming from {checkpoint_dir(out)} at step {step}[/dim]")
+        console.print(f"[dim]resuming from {resumed_from} at step {step}[/dim]")
     wrapped, opt, sched = acc.prepare(model, opt, sched)
     base = acc.unwrap_model(wrapped)
     base.train()

@@ -1,0 +1,304 @@
+"""paravt serve against requests that must not take it down: over-long prompts (the backend's
+RequestRejected), too many or too large images, clients that hang up mid-generation, deeply
+nested JSON and lone surrogates. All servers bind 127.0.0.1; all load is a handful of requests."""
+
+import asyncio
+import base64
+import json
+import socket
+import struct
+import threading
+import time
+import zlib
+
+import httpx
+import numpy as np
+import pytest
+from test_openai_backend import FakeBackend, Server
+
+from paravt.backends.base import RequestRejected
+from paravt.backends.openai import image_data_url
+from paravt.serve import MAX_IMAGES, MAX_TOTAL_PIXELS, create_app
+
+CHAT = "/v1/chat/completions"
+
+
+def user(*parts) -> list[dict]:
+    return [{"role": "user", "content": list(parts)}]
+
+
+def img_part(url: str) -> dict:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def png_header_only(w: int, h: int) -> str:
+    """A PNG data URL whose header claims w x h pixels but whose pixel data is a few bytes: it can
+    only be refused by size if the size is read from the header, before any decoding."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    raw = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+           + chunk(b"IDAT", zlib.compress(b"\x00" * 16)) + chunk(b"IEND", b""))
+    return "data:image/png;base64," + base64.b64encode(raw).decode()
+
+
+# ------------------------------------------------------------------------------------------
+# 5. a request the model can never serve (longer than its context) is the client's fault
+
+
+class RejectingBackend(FakeBackend):
+    async def generate(self, reqs):
+        raise RequestRejected("the prompt is 70000 tokens (text 3000, images 67000); the model's context is "
+                              "32768 tokens (--max-model-len)")
+
+
+def test_request_rejected_by_the_backend_is_400_with_its_message():
+    with Server(create_app(RejectingBackend(), "m")) as s:
+        r = httpx.post(s.url + CHAT, json={"messages": [{"role": "user", "content": "x" * 1000}]})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["code"] == 400
+    assert "70000 tokens" in err["message"] and "32768" in err["message"]
+
+
+class RecordingHF(FakeBackend):
+    """Stands in for HFBackend in `serve()`: records its constructor's keywords."""
+
+    made: list[dict] = []
+
+    def __init__(self, model, processor, **kw):
+        super().__init__()
+        RecordingHF.made.append(kw)
+
+
+@pytest.fixture
+def serve_wiring(monkeypatch):
+    """`paravt serve` with the model, the hf backend and uvicorn.run replaced: the app it builds is kept."""
+    import uvicorn
+
+    import paravt.backends.hf
+    import paravt.models.tiny
+
+    apps = []
+    RecordingHF.made = []
+    monkeypatch.setattr(paravt.backends.hf, "HFBackend", RecordingHF)
+    monkeypatch.setattr(paravt.models.tiny, "build_tiny", lambda *a, **k: (object(), object()))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: apps.append(app))
+    return apps
+
+
+def test_cli_serve_passes_max_model_len_and_image_limits(serve_wiring):
+    from typer.testing import CliRunner
+
+    from paravt.cli import app
+
+    r = CliRunner().invoke(app, ["serve", "--max-model-len", "4096", "--max-images", "2",
+                                 "--max-total-pixels", str(3 * 16 * 16), "--max-batch", "3"])
+    assert r.exit_code == 0, r.output
+    assert RecordingHF.made == [{"max_batch": 3, "max_model_len": 4096}]
+    url = image_data_url(np.zeros((16, 16, 3), np.uint8))
+    with Server(serve_wiring[0]) as s:
+        r = httpx.post(s.url + CHAT, json={"messages": user(*[img_part(url)] * 3)})
+        assert r.status_code == 400 and "3 images" in r.json()["error"]["message"]
+        r = httpx.post(s.url + CHAT, json={"messages": user(img_part(url), img_part(png_header_only(16, 40)))})
+        assert r.status_code == 413
+        r = httpx.post(s.url + CHAT, json={"messages": user(img_part(url), img_part(url))})
+        assert r.status_code == 200, r.text
+    r = CliRunner().invoke(app, ["serve", "--help"])
+    assert "--max-model-len" in r.output and "--max-images" in r.output and "--max-total-pixels" in r.output
+
+
+@pytest.mark.parametrize("flags,needle", [(["--max-images", "0"], "max_images must be >= 1"),
+                                          (["--max-total-pixels", "0"], "max_total_pixels must be >= 1"),
+                                          (["--max-model-len", "0"], "max_model_len must be >= 1")])
+def test_cli_serve_refuses_bad_limits_before_loading(serve_wiring, monkeypatch, flags, needle):
+    from typer.testing import CliRunner
+
+    import paravt.models.tiny
+    from paravt.cli import app
+
+    def boom(*a, **k):
+        raise AssertionError("the model was loaded before the limits were checked")
+
+    monkeypatch.setattr(paravt.models.tiny, "build_tiny", boom)
+    r = CliRunner().invoke(app, ["serve", *flags])
+    assert r.exit_code == 2 and r.output.strip().splitlines() == [f"error: {needle}, got 0"], r.output
+    assert not RecordingHF.made and not serve_wiring
+
+
+def test_serve_without_max_model_len_leaves_the_backend_default(serve_wiring):
+    from paravt.serve import serve
+
+    serve(None)
+    assert RecordingHF.made == [{"max_batch": 16, "max_model_len": None}]
+
+
+# ------------------------------------------------------------------------------------------
+# 6. images per request and decoded pixels per request are capped, from the headers
+
+
+def test_default_caps_fit_an_episode():
+    assert MAX_IMAGES == 256 and MAX_TOTAL_PIXELS == 256 * 1024 * 1024
+    assert 64 * 448 * 448 + 5 * 16 * 448 * 448 < MAX_TOTAL_PIXELS  # overview + a turn of crops
+
+
+def test_too_many_images_is_400_before_any_decoding():
+    b = FakeBackend()
+    with Server(create_app(b, "m")) as s:
+        # header-only PNGs: decoding any of them would fail, so a count error proves none was decoded
+        body = {"messages": user(*[img_part(png_header_only(8, 8))] * (MAX_IMAGES + 1))}
+        r = httpx.post(s.url + CHAT, json=body)
+        assert r.status_code == 400, r.text
+        assert f"{MAX_IMAGES + 1} images" in r.json()["error"]["message"]
+        assert f"limit of {MAX_IMAGES}" in r.json()["error"]["message"]
+    assert not b.seen
+
+
+def test_too_many_pixels_is_413_from_the_headers_alone():
+    """17 images of 4096x4096 (285 M pixels, 850 MB decoded) in a body of a few kB."""
+    b = FakeBackend()
+    with Server(create_app(b, "m")) as s:
+        body = json.dumps({"messages": user(*[img_part(png_header_only(4096, 4096))] * 17)})
+        assert len(body) < 10_000
+        t = time.perf_counter()
+        r = httpx.post(s.url + CHAT, content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 413, r.text
+        assert time.perf_counter() - t < 2
+        err = r.json()["error"]
+        assert "pixels" in err["message"] and str(MAX_TOTAL_PIXELS) in err["message"]
+        assert err["type"] == "invalid_request_error"
+    assert not b.seen
+
+
+def test_image_caps_are_configurable_and_exact_at_the_limit():
+    b = FakeBackend()
+    url = image_data_url(np.full((10, 20, 3), 7, np.uint8))
+    with Server(create_app(b, "m", max_images=3, max_total_pixels=3 * 200)) as s:
+        r = httpx.post(s.url + CHAT, json={"messages": user(*[img_part(url)] * 3)})
+        assert r.status_code == 200, r.text
+        assert [im.image.shape for im in b.seen[-1].messages[0].images()] == [(10, 20, 3)] * 3
+        r = httpx.post(s.url + CHAT, json={"messages": user(*[img_part(url)] * 4)})
+        assert r.status_code == 400
+        # images spread over several messages count together
+        two = user(img_part(url), img_part(url))
+        r = httpx.post(s.url + CHAT, json={"messages": two + [{"role": "assistant", "content": "ok"}] + two})
+        assert r.status_code == 400 and "4 images" in r.json()["error"]["message"]
+    with Server(create_app(b, "m", max_images=3, max_total_pixels=3 * 200 - 1)) as s:
+        r = httpx.post(s.url + CHAT, json={"messages": user(*[img_part(url)] * 3)})
+        assert r.status_code == 413
+    with pytest.raises(ValueError, match="max_images"):
+        create_app(b, "m", max_images=0)
+
+
+# ------------------------------------------------------------------------------------------
+# 7. a client that hangs up cancels its generation
+
+
+class SlowBackend(FakeBackend):
+    """generate sleeps long on "slow" and records whether (and when) it was cancelled."""
+
+    def __init__(self):
+        super().__init__()
+        self.started = threading.Event()
+        self.cancelled_at: float | None = None
+
+    async def generate(self, reqs):
+        if reqs[0].messages[-1].text() == "slow":
+            self.started.set()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                self.cancelled_at = time.perf_counter()
+                raise
+        return await super().generate(reqs)
+
+
+def raw_post(port: int, body: bytes) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    return sock
+
+
+def test_client_disconnect_cancels_the_generation():
+    b = SlowBackend()
+    with Server(create_app(b, "m")) as s:
+        sock = raw_post(s.port, json.dumps({"messages": [{"role": "user", "content": "slow"}]}).encode())
+        assert b.started.wait(5), "the generation did not start"
+        sock.close()
+        closed = time.perf_counter()
+        while b.cancelled_at is None and time.perf_counter() - closed < 3:
+            time.sleep(0.02)
+        assert b.cancelled_at is not None, "the generation kept running after the client left"
+        assert b.cancelled_at - closed < 1.0
+        # the server goes on: the next request is answered
+        r = httpx.post(s.url + CHAT, json={"messages": [{"role": "user", "content": "quick"}]}, timeout=5)
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "T prefix=''"
+
+
+def test_a_client_that_stays_gets_its_answer():
+    b = FakeBackend(delay_s=0.5)  # longer than the disconnect poll
+    with Server(create_app(b, "m")) as s:
+        r = httpx.post(s.url + CHAT, json={"messages": [{"role": "user", "content": "hi"}]}, timeout=5)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "T prefix=''"
+
+
+# ------------------------------------------------------------------------------------------
+# 9. malformed JSON the parser chokes on is 400, and the connection stays usable
+
+
+class Utf8Backend(FakeBackend):
+    """Encodes the text as a tokenizer would (lone surrogates cannot be encoded)."""
+
+    async def generate(self, reqs):
+        for r in reqs:
+            for m in r.messages:
+                m.text().encode("utf-8")
+        return await super().generate(reqs)
+
+
+BAD_BODIES = [
+    (b"[" * 100_000, "nested"),
+    (b'{"a": ' * 50_000 + b"1" + b"}" * 50_000, "nested"),
+    (b'{"messages": [{"role": "user", "content": "hi \\ud800 there"}]}', "surrogate"),
+    (b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\udfff"}]}]}', "surrogate"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "stop": ["\\ud83d"]}', "surrogate"),
+]
+
+
+@pytest.mark.parametrize("bad,needle", BAD_BODIES, ids=[f"{n}{i}" for i, (_, n) in enumerate(BAD_BODIES)])
+def test_bad_json_is_400_and_keeps_the_connection(bad, needle):
+    b = Utf8Backend()
+    ports = []
+
+    def where(response: httpx.Response) -> None:  # the local port of the connection each answer came on
+        ports.append(response.extensions["network_stream"].get_extra_info("client_addr")[1])
+
+    with Server(create_app(b, "m")) as s, httpx.Client(base_url=s.url, event_hooks={"response": [where]}) as c:
+        h = {"content-type": "application/json"}
+        r = c.post(CHAT, content=bad, headers=h)
+        assert r.status_code == 400, r.text
+        assert needle in r.json()["error"]["message"] and r.json()["error"]["type"] == "invalid_request_error"
+        assert r.headers.get("connection", "").lower() != "close"
+        r = c.post(CHAT, json={"messages": [{"role": "user", "content": "fine \U0001f600"}]})
+        assert r.status_code == 200, r.text
+    assert len(ports) == 2 and ports[0] == ports[1], "the server dropped the keep-alive connection"
+    assert len(b.seen) == 1
+
+
+def test_a_valid_surrogate_pair_escape_is_fine():
+    b = Utf8Backend()
+    with Server(create_app(b, "m")) as s:
+        r = httpx.post(s.url + CHAT, content=b'{"messages": [{"role": "user", "content": "\\ud83d\\ude00"}]}',
+                       headers={"content-type": "application/json"})
+    assert r.status_code == 200 and b.seen[0].messages[0].text() == "\U0001f600"
+
+
+def test_cli_defaults_are_the_servers():
+    import inspect
+
+    from paravt.cli import serve as cli_serve
+
+    params = inspect.signature(cli_serve).parameters
+    assert params["max_images"].default.default == MAX_IMAGES
+    assert params["max_total_pixels"].default.default == MAX_TOTAL_PIXELS

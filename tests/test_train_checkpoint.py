@@ -1,0 +1,155 @@
+"""Checkpoint save/resume (shared by SFT and GRPO) across crashes at every point of a save: a
+resumed run starts from a complete checkpoint whenever one exists, and no save ever deletes the
+only complete checkpoint before a newer one is complete."""
+
+import pathlib
+import shutil
+
+import pytest
+import torch
+
+import paravt.models.tiny
+import paravt.train.checkpoint as ck
+from paravt.train.checkpoint import COMPLETE_FILE, STATE_FILE, find_checkpoint, has_checkpoint, load_state
+
+
+def build(d: pathlib.Path, step: int, marker: bool = True, state: bool = True) -> pathlib.Path:
+    """A checkpoint directory as a save leaves it (marker=False, state=False: a save cut short)."""
+    d.mkdir(parents=True)
+    (d / "config.json").write_text("{}")
+    if state:
+        torch.save({"step": step}, d / STATE_FILE)
+    if marker:
+        (d / COMPLETE_FILE).write_text(str(step))
+    return d
+
+
+# (which leftovers exist) -> the directory a resume must use, and its step
+STATES = {
+    "nothing": ({}, None),
+    "only checkpoint": ({"checkpoint": 2}, "checkpoint"),
+    "checkpoint of an older version (no marker)": ({"checkpoint": (2, False)}, "checkpoint"),
+    "crash while writing tmp": ({"checkpoint": 2, "checkpoint.tmp": (3, False)}, "checkpoint"),
+    "crash before the first rename": ({"checkpoint": 2, "checkpoint.tmp": 3}, "checkpoint"),
+    "crash between the renames": ({"checkpoint.old": 2, "checkpoint.tmp": 3}, "checkpoint.tmp"),
+    "crash between the renames, tmp without marker (older version)": (
+        {"checkpoint.old": 2, "checkpoint.tmp": (3, False)}, "checkpoint.old"),
+    "crash after the second rename": ({"checkpoint": 3, "checkpoint.old": 2}, "checkpoint"),
+    "only old": ({"checkpoint.old": 2}, "checkpoint.old"),
+    "only an incomplete tmp": ({"checkpoint.tmp": (1, False)}, None),
+    "tmp alone, complete": ({"checkpoint.tmp": 1}, "checkpoint.tmp"),
+    "checkpoint without its state": ({"checkpoint": (3, False, False), "checkpoint.old": 2}, "checkpoint.old"),
+}
+
+
+def make_state(out: pathlib.Path, spec: dict) -> None:
+    for name, v in spec.items():
+        step, marker, state = (v, True, True) if isinstance(v, int) else (*v, True)[:3]
+        build(out / name, step, marker=marker, state=state)
+
+
+@pytest.mark.parametrize("name", list(STATES))
+def test_resume_picks_the_complete_checkpoint(tmp_path, name):
+    spec, want = STATES[name]
+    make_state(tmp_path, spec)
+    assert find_checkpoint(tmp_path) == (tmp_path / want if want else None)
+    assert has_checkpoint(tmp_path) == (want is not None)
+    if want:
+        step = spec[want] if isinstance(spec[want], int) else spec[want][0]
+        assert load_state(tmp_path)["step"] == step
+    else:
+        with pytest.raises(FileNotFoundError):
+            load_state(tmp_path)
+
+
+class Crash(Exception):
+    pass
+
+
+@pytest.fixture
+def crashing(monkeypatch):
+    """save_checkpoint with a stand-in model writer, whose n-th file-system step (a write, rename or
+    delete) raises Crash: returns a function (out, step, crash_at) -> crashed?"""
+    calls = {"n": 0, "at": None}
+
+    def tick():
+        calls["n"] += 1
+        if calls["n"] == calls["at"]:
+            raise Crash(f"crash at step {calls['n']}")
+
+    def fake_save_pretrained(model, processor, path):
+        path = pathlib.Path(path)
+        path.mkdir(parents=True)
+        tick()
+        (path / "config.json").write_text("{}")
+        tick()
+        (path / "model.safetensors").write_bytes(b"w" * 100)
+        return path
+
+    real_rename, real_rmtree, real_save = pathlib.Path.rename, shutil.rmtree, torch.save
+
+    def rename(self, target):
+        tick()
+        return real_rename(self, target)
+
+    def rmtree(path, *a, **k):
+        if pathlib.Path(path).exists():
+            tick()
+        return real_rmtree(path, *a, **k)
+
+    def save(obj, f, *a, **k):
+        tick()
+        return real_save(obj, f, *a, **k)
+
+    monkeypatch.setattr(paravt.models.tiny, "save_pretrained", fake_save_pretrained)
+    monkeypatch.setattr(pathlib.Path, "rename", rename)
+    monkeypatch.setattr(ck.shutil, "rmtree", rmtree)
+    monkeypatch.setattr(torch, "save", save)
+
+    def run(out, step, crash_at=None) -> bool:
+        calls["n"], calls["at"] = 0, crash_at
+        try:
+            ck.save_checkpoint(out, None, None, {"step": step})
+        except Crash:
+            return True
+        return False
+
+    return run
+
+
+START = {"fresh": {}, "after a save": {"checkpoint": 1}, **{k: v[0] for k, v in STATES.items() if v[1]}}
+
+
+@pytest.mark.parametrize("start", list(START))
+def test_a_crash_anywhere_in_a_save_leaves_a_complete_checkpoint(tmp_path, crashing, start):
+    """From each leftover state, crash the next save at each of its steps in turn: a complete
+    checkpoint is always there to resume from (the one before, or the new one), and the save
+    after the crash completes and cleans up."""
+    for at in range(1, 40):
+        out = tmp_path / f"at{at}"
+        make_state(out, START[start])
+        before = load_state(out)["step"] if find_checkpoint(out) else None
+        if not crashing(out, 9, crash_at=at):
+            break  # this save has fewer steps: every crash point was covered
+        found = find_checkpoint(out)
+        if before is not None:
+            assert found is not None, f"crash at step {at} left no complete checkpoint"
+        if found is not None:
+            assert load_state(out)["step"] in (before, 9)
+        assert not crashing(out, 10)  # the next save works from whatever was left
+        assert find_checkpoint(out) == out / "checkpoint" and load_state(out)["step"] == 10
+        assert sorted(p.name for p in out.iterdir()) == ["checkpoint"]
+    else:
+        raise AssertionError("save never completed")
+    assert at > 4  # the save had at least: two model files, the state, a rename
+
+
+def test_snapshots_hold_the_model_only(tmp_path, tiny_dir):
+    from paravt.models import load_model
+
+    model, processor = load_model(str(tiny_dir), device="cpu")
+    ck.save_checkpoint(tmp_path, model, processor, {"step": 4}, keep_as="step_000004")
+    assert (tmp_path / "checkpoint" / COMPLETE_FILE).is_file() and (tmp_path / "checkpoint" / STATE_FILE).is_file()
+    snap = {p.name for p in (tmp_path / "step_000004").iterdir()}
+    assert STATE_FILE not in snap and COMPLETE_FILE not in snap and "config.json" in snap
+    load_model(str(tmp_path / "step_000004"), device="cpu")
