@@ -34,6 +34,7 @@ def scripted(monkeypatch):
 
     def fake(model, *, api_key=None, console=None, timeout_s=None):
         b = ScriptedBackend([TURN1, ANSWER], sub=lambda r: f"A red circle moves ({len(r.messages[0].images())} frames).")
+        b.timeout_s = timeout_s
         made.append((model, api_key, b))
         return b
 
@@ -91,6 +92,22 @@ def test_ask_modes(video, scripted, tmp_path, mode):
     else:  # sequential: one call per turn; parallel with --max-parallel 1: the same cut
         assert statuses == ["ok", "skipped"] and len(subagents) == 1
         assert ("one call per turn" if mode == "sequential" else "at most 1 calls") in r.stdout
+
+
+def test_prompt_profile_and_timeout_options(video, scripted, tmp_path):
+    from paravt import protocol as P
+
+    trace = tmp_path / "t.json"
+    r = invoke(video, "Q?\nA. x\nB. y", "--prompts", "official", "--timeout", "42", "--frames", "4", "--json", trace)
+    assert r.exit_code == 0, r.output
+    b = scripted[-1][2]
+    system = b.requests[0].messages[0].text()
+    assert system.startswith("# Tools") and '"video_path"' in system  # the release's tool declaration
+    sub = [q for q in b.requests if q.role == "sub"][0].messages[0].text()
+    assert sub.startswith("You are analyzing a video segment from")
+    assert b.timeout_s == 42 and json.loads(trace.read_text())["config"]["prompts"] == "official"
+    one_line_error(invoke(video, "Q?", "--prompts", "mine"), "prompts")
+    assert P.PROMPT_PROFILES == ("paravt", "official")
 
 
 def test_missing_video_fails_before_any_model_loads(scripted, tmp_path):

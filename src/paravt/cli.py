@@ -70,6 +70,9 @@ def ask(
     json_out: str = typer.Option(None, "--json", help="Write the full episode trace here."),
     timeline: str = typer.Option(None, help="Draw the episode timeline to this PNG."),
     api_key: str = typer.Option(None, envvar="PARAVT_API_KEY", help="Bearer key for a served model."),
+    prompts: str = typer.Option("paravt", help="Prompt profile: paravt | official (the layout ParaVT-8B was trained "
+                                               "with)."),
+    timeout: float = typer.Option(600.0, help="Seconds one model call may take, retries included."),
 ) -> None:
     """Answer a question about a video with the parallel crop_video episode."""
     from paravt.agent import EpisodeConfig
@@ -80,7 +83,8 @@ def ask(
 
     try:
         cfg = EpisodeConfig(mode=mode, frames=frames, max_turns=max_turns, max_parallel=max_parallel,
-                            temperature=temperature, max_new_tokens=max_new_tokens)
+                            temperature=temperature, max_new_tokens=max_new_tokens, prompts=prompts,
+                            model_timeout_s=timeout)
         run_ask(video, question, model=model, config=cfg, question_type=question_type, json_path=json_out,
                 timeline_path=timeline, api_key=api_key)
     except (VideoError, ModelLoadError, BackendError, ValueError, OSError) as e:

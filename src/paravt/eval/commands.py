@@ -24,7 +24,7 @@ def _fail(msg: str, code: int = 2) -> None:
 
 
 def make_backends(model: str | None, endpoints: str | None, api_key: str | None, served_model: str | None = None,
-                  image_format: str = "png", console=None):
+                  image_format: str = "png", console=None, timeout_s: float = 600.0):
     """Model resolution as in `paravt ask`: URLs (--model URL and/or --endpoints) give one
     OpenAIBackend spread over all of them; a path (or nothing) loads the model in-process."""
     urls = [u.strip() for u in (endpoints or "").split(",") if u.strip()]
@@ -35,17 +35,19 @@ def make_backends(model: str | None, endpoints: str | None, api_key: str | None,
     if urls:
         from paravt.backends.openai import OpenAIBackend
 
-        return OpenAIBackend(urls[0], model=served_model, api_key=api_key, endpoints=urls, image_format=image_format)
+        return OpenAIBackend(urls[0], model=served_model, api_key=api_key, endpoints=urls, image_format=image_format,
+                             timeout_s=timeout_s)
     from paravt.ask import make_backend
 
-    return make_backend(model, api_key=api_key, console=console)
+    return make_backend(model, api_key=api_key, console=console, timeout_s=timeout_s)
 
 
 def eval_command(*, bench: str, data: str, videos: str | None, model: str | None, endpoints: str | None, mode: str,
                  out: str, limit: int | None, concurrency: int, frames: int, max_turns: int, max_parallel: int,
                  max_new_tokens: int, api_key: str | None, force: bool, retry_errors: bool = True,
                  keep_token_ids: bool = False, served_model: str | None = None, image_format: str = "png",
-                 oe_metric: str = "f1", sample_timeout_s: float | None = 1800.0, progress: bool = True) -> dict:
+                 oe_metric: str = "f1", sample_timeout_s: float | None = 1800.0, progress: bool = True,
+                 prompts: str = "paravt", timeout_s: float = 600.0, final_turn_think: bool = True) -> dict:
     """Load the benchmark, build the backend(s), run, print the summary. Returns the summary."""
     import asyncio
 
@@ -62,7 +64,8 @@ def eval_command(*, bench: str, data: str, videos: str | None, model: str | None
     try:
         # the arguments first: a typo must not cost a model load or a benchmark scan
         cfg = eval_config(mode=mode, frames=frames, max_turns=max_turns, max_parallel=max_parallel,
-                          max_new_tokens=max_new_tokens)
+                          max_new_tokens=max_new_tokens, prompts=prompts, model_timeout_s=timeout_s,
+                          final_turn_think=final_turn_think)
         reward_cfg = RewardConfig(oe_metric=oe_metric)
         if concurrency < 1:
             raise ValueError(f"--concurrency must be >= 1, got {concurrency}")
@@ -80,7 +83,7 @@ def eval_command(*, bench: str, data: str, videos: str | None, model: str | None
             console.print(f"[yellow]{n} row(s) kept as the official scoring keeps them: {reason}[/yellow]")
         if not loaded.samples:
             raise BenchmarkError(f"no {bench} sample has its video: point --videos at the video directory")
-        backend = make_backends(model, endpoints, api_key, served_model, image_format, console)
+        backend = make_backends(model, endpoints, api_key, served_model, image_format, console, timeout_s)
         model_id = model or endpoints or "default"
 
         async def go() -> dict:
@@ -130,6 +133,12 @@ def eval_run(
     image_format: str = typer.Option("png", help="Frame encoding sent to servers: png | jpeg."),
     oe_metric: str = typer.Option("f1", help="Open-ended scoring: f1 | exact."),
     sample_timeout: float = typer.Option(1800.0, help="Seconds one episode may take before it is an error row."),
+    prompts: str = typer.Option("paravt", help="Prompt profile: paravt | official (the layout ParaVT-8B was trained "
+                                               "with)."),
+    timeout: float = typer.Option(600.0, help="Seconds one model call may take, retries included."),
+    final_turn_think: bool = typer.Option(True, help="The last round's forced answer keeps the think prefix and the "
+                                                     "full token budget (--no-final-turn-think: a direct answer in "
+                                                     "64 / 128 tokens, as the public evaluation)."),
     retry_errors: bool = typer.Option(True, help="On resume, rerun samples whose row is an error."),
     keep_token_ids: bool = typer.Option(False, help="Keep token ids / logprobs in the traces (large)."),
     force: bool = typer.Option(False, help="Resume even if the run's settings changed."),
@@ -143,7 +152,8 @@ def eval_run(
                  limit=limit, concurrency=concurrency, frames=frames, max_turns=max_turns, max_parallel=max_parallel,
                  max_new_tokens=max_new_tokens, api_key=api_key, force=force, retry_errors=retry_errors,
                  keep_token_ids=keep_token_ids, served_model=served_model, image_format=image_format,
-                 oe_metric=oe_metric, sample_timeout_s=sample_timeout if sample_timeout > 0 else None)
+                 oe_metric=oe_metric, sample_timeout_s=sample_timeout if sample_timeout > 0 else None,
+                 prompts=prompts, timeout_s=timeout, final_turn_think=final_turn_think)
 
 
 @eval_app.command("report")
