@@ -145,9 +145,16 @@ def test_shipped_sft_configs_load():
 
 
 def test_one_process_can_train_with_different_precisions():
-    from paravt.train.sft import make_accelerator
+    import torch
 
-    assert [make_accelerator("cpu", mp).mixed_precision for mp in ("no", "bf16", "no")] == ["no", "bf16", "no"]
+    from paravt.train.engine import init_engine
+
+    engines = [init_engine("single", "cpu", mp) for mp in ("no", "bf16", "no")]
+    assert [e.mixed_precision for e in engines] == ["no", "bf16", "no"]
+    with engines[1].autocast():
+        assert torch.get_autocast_dtype("cpu") == torch.bfloat16 and torch.is_autocast_enabled("cpu")
+    with engines[0].autocast():
+        assert not torch.is_autocast_enabled("cpu")
 
 
 @pytest.mark.parametrize("tmp_complete", [True, False])

@@ -194,12 +194,15 @@ _OVERRIDE = typer.Option([], "--override", "--set", "-o",
 def _train(kind: str, config: str | None, overrides: list[str]) -> None:
     from paravt.train import run_training
 
+    import os
+
     try:
         last = run_training(kind, config, overrides)
     except (ValueError, FileNotFoundError) as e:
         typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
-    typer.echo(json.dumps(last))
+    if os.environ.get("RANK", "0") == "0":  # under torchrun: once, not once per process
+        typer.echo(json.dumps(last))
 
 
 @train_app.command("sft")

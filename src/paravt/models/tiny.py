@@ -197,11 +197,12 @@ def build_tiny(seed: int = 0, size: str = "tiny"):
     return model, processor
 
 
-def save_pretrained(model, processor, path: str | Path) -> Path:
+def save_pretrained(model, processor, path: str | Path, state_dict: dict | None = None) -> Path:
     """Write a checkpoint directory laid out like Qwen's (config, safetensors, tokenizer, chat
-    template, image and video preprocessor configs) that `load_model` reads offline."""
+    template, image and video preprocessor configs) that `load_model` reads offline. `state_dict`:
+    the weights to write instead of the model's own (a sharded model's gathered parameters)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path, safe_serialization=True)
+    model.save_pretrained(path, safe_serialization=True, state_dict=state_dict)
     processor.save_pretrained(path)
     return path

@@ -1,6 +1,9 @@
-"""Checkpoints shared by SFT and GRPO: OUT/checkpoint holds the model (safetensors, loadable by
-`paravt.models.load_model`, so a checkpoint is directly usable by ask/eval/serve) and
-`trainer_state.pt` (optimizer, scheduler, step, config).
+"""Checkpoints shared by SFT and GRPO: OUT/checkpoint holds the consolidated model (safetensors,
+config, processor: loadable by `paravt.models.load_model`, `paravt serve` and vLLM as is), the
+model and optimizer state as a torch.distributed.checkpoint directory `dcp/` (sharded: a run
+resumes from it on the same or another number of processes, see train.engine), and
+`trainer_state.pt` (scheduler, step, config). Checkpoints of earlier versions keep the optimizer
+in trainer_state.pt instead of dcp/; they still resume (on one process).
 
 A save writes OUT/checkpoint.tmp, ends it with a marker file (COMPLETE_FILE, written last), then
 swaps it in by two renames: checkpoint -> checkpoint.old, checkpoint.tmp -> checkpoint. A crash at
@@ -18,6 +21,7 @@ from typing import Any
 
 STATE_FILE = "trainer_state.pt"
 COMPLETE_FILE = "checkpoint_complete"
+SHARDS_DIR = "dcp"
 
 
 def checkpoint_dir(out: str | Path) -> Path:
@@ -78,32 +82,51 @@ def _seal(d: Path, step: Any) -> None:
     _fsync(d)
 
 
-def save_checkpoint(out: str | Path, model, processor, state: dict[str, Any], keep_as: str | None = None) -> Path:
-    """Write model + processor + trainer state to OUT/checkpoint (crash-safe, see the module
-    docstring); with `keep_as`, also keep a copy of the model at OUT/<keep_as> (e.g. step-numbered
-    snapshots)."""
+def save_checkpoint(out: str | Path, model, processor, state: dict[str, Any], keep_as: str | None = None, *,
+                    engine=None, optimizer=None) -> Path:
+    """Write the model (+ processor) and trainer state to OUT/checkpoint (crash-safe, see the module
+    docstring); with `optimizer`, the model and optimizer state also go to dcp/ (sharded). With an
+    `engine` every process must call this: the consolidated model and the shards are gathered and
+    written collectively, the directory swaps are rank 0's. With `keep_as`, also keep a copy of the
+    model at OUT/<keep_as> (e.g. step-numbered snapshots)."""
     import torch
 
     from paravt.models.tiny import save_pretrained
 
+    main = engine is None or engine.main
     final, tmp, old = _leftovers(out)
-    if find_checkpoint(out) == tmp:  # a crash between the renames: finish that swap before reusing .tmp
-        _remove(final)
+    if main:
+        if find_checkpoint(out) == tmp:  # a crash between the renames: finish that swap before reusing .tmp
+            _remove(final)
+            tmp.rename(final)
+        _remove(tmp)  # a save cut short (or none): the complete checkpoint is elsewhere
+    if engine is not None:
+        if main:
+            tmp.mkdir(parents=True)  # before the other processes write their shards into it
+        engine.barrier()
+        full = engine.full_state_dict(model)  # collective
+        if main:
+            save_pretrained(engine.unwrap(model), processor, tmp, state_dict=full)
+        if optimizer is not None:
+            engine.save_sharded(model, optimizer, tmp / SHARDS_DIR)  # collective
+        engine.barrier()
+    else:
+        save_pretrained(model, processor, tmp)
+    if main:
+        torch.save(state, tmp / STATE_FILE)
+        _seal(tmp, state.get("step"))
+        if final.exists():
+            _remove(old)  # tmp is complete now, so the previous checkpoint may go
+            final.rename(old)
         tmp.rename(final)
-    _remove(tmp)  # a save cut short (or none): the complete checkpoint is elsewhere
-    save_pretrained(model, processor, tmp)
-    torch.save(state, tmp / STATE_FILE)
-    _seal(tmp, state.get("step"))
-    if final.exists():
-        _remove(old)  # tmp is complete now, so the previous checkpoint may go
-        final.rename(old)
-    tmp.rename(final)
-    _fsync(final.parent)
-    _remove(old)
-    if keep_as:
-        snap = Path(out) / keep_as
-        shutil.rmtree(snap, ignore_errors=True)
-        shutil.copytree(final, snap, ignore=shutil.ignore_patterns(STATE_FILE, COMPLETE_FILE))
+        _fsync(final.parent)
+        _remove(old)
+        if keep_as:
+            snap = Path(out) / keep_as
+            shutil.rmtree(snap, ignore_errors=True)
+            shutil.copytree(final, snap, ignore=shutil.ignore_patterns(STATE_FILE, COMPLETE_FILE, SHARDS_DIR))
+    if engine is not None:
+        engine.barrier()
     return final
 
 
@@ -151,10 +174,18 @@ def make_optimizer(model, cfg, freeze_vision: bool = False):
     return params, opt, sched
 
 
-def restore_optimizer(out: str | Path, opt, sched) -> int:
-    """Load the optimizer and schedule state of the checkpoint to resume from; returns its step."""
+def restore_optimizer(out: str | Path, opt, sched, *, engine=None, model=None) -> int:
+    """Load the optimizer (and, from dcp/, the model's exact weights) and the schedule of the
+    checkpoint to resume from; returns its step. A dcp/ directory written by any number of
+    processes loads into this run's (every process must call this then)."""
     state = load_state(out)
-    opt.load_state_dict(state["optimizer"])
+    shards = find_checkpoint(out) / SHARDS_DIR
+    if shards.is_dir():
+        if engine is None or model is None:
+            raise ValueError(f"{shards} holds sharded state: restoring it needs the engine and the model")
+        engine.load_sharded(model, opt, shards)
+    else:
+        opt.load_state_dict(state["optimizer"])
     sched.load_state_dict(state["scheduler"])
     return int(state["step"])
 

@@ -14,11 +14,12 @@ One step:
 4. Sequences (paravt.train.sequences): the main agent's turns as one token-exact sequence with
    generated tokens trained and prompt / tool-response / forced-prefix tokens masked (defect 5);
    each sub-agent generation as its own sequence carrying the episode's advantage (defect 4).
-5. Update through `accelerate`: token-mean of the PPO-clip surrogate + β·k3 KL, AdamW, grad clip.
+5. Update on the training engine (train.engine): token-mean of the PPO-clip surrogate + β·k3 KL
+   over the sequences of all processes, AdamW, grad clip.
 
-Multi-GPU: `accelerate launch -m paravt.cli train grpo ...` runs one process per GPU; each
-process rolls out its share of the step's prompts with its own in-process backend and the update
-is data-parallel (DDP). The default is one CPU process.
+Several processes: `torchrun --nproc_per_node N -m paravt train grpo ...` (FSDP2 by default);
+each process rolls out its share of the step's prompts with its own in-process backend over the
+gathered weights, and the update is sharded. The default is one CPU process.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import hashlib
 import json
 import math
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -86,8 +86,11 @@ class GRPOConfig:
     strict_continuation: bool = False  # raise on re-templating drift instead of per-turn sequences
     rollout_batch: int = 64  # hf backend: most requests per generate batch
     dtype: str = "fp32"  # parameter dtype: fp32 | bf16
-    mixed_precision: str = "no"  # no | bf16
+    mixed_precision: str = "no"  # no | bf16 (bf16 compute, fp32 weights and gradient reduction: train.engine)
     device: str = "auto"  # auto | cpu | cuda
+    engine: str = "auto"  # auto | single | ddp | fsdp (auto: fsdp under torchrun with >1 process)
+    activation_checkpointing: bool = False
+    cpu_offload: bool = False  # fsdp only: parameters, gradients and optimizer state in host memory
     freeze_vision: bool = False
     threads: int = 0  # torch CPU threads for this run (0: torch default; 1 is fastest on a busy shared CPU)
     seed: int = 0
@@ -115,7 +118,8 @@ class GRPOConfig:
                                      ("lr_schedule", self.lr_schedule, ("constant", "cosine")),
                                      ("dtype", self.dtype, ("fp32", "bf16")),
                                      ("mixed_precision", self.mixed_precision, ("no", "bf16")),
-                                     ("device", self.device, ("auto", "cpu", "cuda"))):
+                                     ("device", self.device, ("auto", "cpu", "cuda")),
+                                     ("engine", self.engine, ("auto", "single", "ddp", "fsdp"))):
             if value not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
 
@@ -327,14 +331,6 @@ def _truncate_jsonl(path: Path, step: int) -> None:
     path.write_text("".join(k + "\n" for k in kept))
 
 
-def _gather(acc, items: list) -> list:
-    if acc.num_processes == 1:
-        return items
-    from accelerate.utils import gather_object
-
-    return gather_object(items)
-
-
 def train_grpo(cfg: GRPOConfig, console=None, make_backend: Callable[..., Any] | None = None) -> dict:
     """Run (or resume) PARA-GRPO; returns the last step's metrics. Checkpoints, log.jsonl,
     TensorBoard events and rollouts.jsonl go to cfg.out.
@@ -355,17 +351,17 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend) -> dict:
     from paravt.train.checkpoint import (find_checkpoint, load_policy, make_optimizer, restore_optimizer,
                                          save_checkpoint)
     from paravt.train.logging import RunLogger
-    from paravt.train.sequences import collate, episode_sequences, micro_batches, token_logprobs
-    from paravt.train.sft import make_accelerator
+    from paravt.train.sequences import episode_sequences
+    from paravt.train.sft import make_engine
 
     console = console or Console()
-    acc = make_accelerator(cfg.device, cfg.mixed_precision)
-    world, rank = acc.num_processes, acc.process_index
+    engine = make_engine(cfg)
+    world, rank = engine.world, engine.rank
     if cfg.prompts_per_step < world:
         raise ConfigError(f"prompts_per_step ({cfg.prompts_per_step}) must be >= the {world} processes")
     out = Path(cfg.out)
     samples = _load_samples(cfg)
-    device = str(acc.device)
+    device = str(engine.device)
 
     # policy (resumed or fresh) and the frozen reference (always the run's starting weights)
     resumed_from = find_checkpoint(out)  # checkpoint, or what a crash mid-save left
@@ -375,35 +371,37 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend) -> dict:
     ref_source = cfg.model
     if cfg.model == "tiny":  # a fresh tiny model exists only in memory: keep its start as the reference
         ref_source = str(initial)
-        if not resume and acc.is_main_process and not (initial / "config.json").exists():
+        if not resume and engine.main and not (initial / "config.json").exists():
             from paravt.models.tiny import save_pretrained
 
             m0, p0 = load_policy("tiny", seed=cfg.seed, tiny_size=cfg.tiny_size, device="cpu")
             save_pretrained(m0, p0, initial)
             del m0
-        acc.wait_for_everyone()
+        engine.barrier()
     source = str(resumed_from) if resume else ref_source
     model, processor = load_policy(source, seed=cfg.seed, tiny_size=cfg.tiny_size, device=device, dtype=cfg.dtype)
+    if cfg.freeze_vision:
+        model.model.visual.requires_grad_(False)
+    model = engine.prepare(model)
+    base = engine.unwrap(model)
     ref = None
     if cfg.kl_coef > 0:
         ref, _ = load_policy(ref_source, seed=cfg.seed, tiny_size=cfg.tiny_size, device=device, dtype=cfg.dtype)
-        ref.eval().requires_grad_(False)
+        ref = engine.prepare(ref, frozen=True)
     renderer = Renderer(processor)
-    params, opt, sched = make_optimizer(model, cfg, cfg.freeze_vision)
+    params, opt, sched = make_optimizer(base, cfg, cfg.freeze_vision)
     step = 0
     if resume:
-        step = restore_optimizer(out, opt, sched)
+        step = restore_optimizer(out, opt, sched, engine=engine, model=model)
         console.print(f"[dim]resuming from {resumed_from} at step {step}[/dim]")
-    wrapped, opt, sched = acc.prepare(model, opt, sched)
-    base = acc.unwrap_model(wrapped)
     backend = (make_backend or HFBackend)(base, processor, max_batch=cfg.rollout_batch)
 
-    if acc.is_main_process:
+    if engine.main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
         _truncate_jsonl(out / "rollouts.jsonl", step)
-    log = RunLogger(out, "grpo", resume_step=step, enabled=acc.is_main_process)
-    rollout_file = open(out / "rollouts.jsonl", "a") if acc.is_main_process and cfg.log_rollouts else None
+    log = RunLogger(out, "grpo", resume_step=step, enabled=engine.main)
+    rollout_file = open(out / "rollouts.jsonl", "a") if engine.main and cfg.log_rollouts else None
     episode_cfg = cfg.episode
     k_choices = list(cfg.k_choices) if cfg.gating else [cfg.fixed_k]
     last: dict = {}
@@ -421,10 +419,11 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend) -> dict:
                 jobs += [Job(gi, r, s, k, epoch, rollout_seed(cfg.seed, step, s.id, r))
                          for r in range(cfg.rollouts_per_prompt)]
 
-            # 2. rollouts (policy in eval mode; the backend decodes without grad)
+            # 2. rollouts (policy in eval mode, whole weights under FSDP; the backend decodes without grad)
             base.eval()
             t0 = time.perf_counter()
-            results = asyncio.run(run_rollouts(backend, jobs, episode_cfg, cfg.temperature, cfg.top_p))
+            with engine.gathered(model) as gather_s:
+                results = asyncio.run(run_rollouts(backend, jobs, episode_cfg, cfg.temperature, cfg.top_p))
             rollout_s = time.perf_counter() - t0
 
             # 3. rewards and advantages, per group; a group with a failed episode is dropped
@@ -451,7 +450,7 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend) -> dict:
             shaped = [[shape(bd.total, cfg.reward) for _, _, bd in g] for g in kept]
             advs = group_advantages(shaped, cfg.adv_eps, batch_norm=False)
             if cfg.batch_norm_advantages:  # over the whole batch, all processes together
-                flat = _gather(acc, [a for g in advs for a in g])
+                flat = engine.gather([a for g in advs for a in g])
                 advs = [normalize(g, flat, cfg.adv_eps) for g in advs]
 
             # 4. sequences
@@ -475,14 +474,13 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend) -> dict:
             # 5. update
             base.train()
             t1 = time.perf_counter()
-            upd = _update(cfg, acc, wrapped, base, ref, renderer, opt, seqs, step, collate, token_logprobs,
-                          micro_batches)
+            upd = _update(cfg, engine, model, base, ref, renderer, opt, params, seqs, step)
             sched.step()
             update_s = time.perf_counter() - t1
             step += 1
 
             # 6. metrics, logs, checkpoint
-            all_records = _gather(acc, records)
+            all_records = engine.gather(records)
             n_gen = sum(r["gen_tokens"] for r in all_records)
             metrics = {**rollout_metrics(all_records, k_choices), **upd,
                        "lr": sched.get_last_lr()[0], "episodes": len(all_records),
@@ -490,9 +488,10 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend) -> dict:
                        "seqs_sub": sum(1 for q in seqs if q.kind == "sub"),
                        "drift_episodes": drift, "dropped_groups": len(dropped),
                        "gen_tokens": n_gen, "rollout_tokens_per_s": n_gen / max(rollout_s, 1e-9),
-                       "rollout_s": rollout_s, "update_s": update_s, "step_time_s": time.perf_counter() - t_step}
+                       "rollout_s": rollout_s, "update_s": update_s, "gather_s": gather_s,
+                       "step_time_s": time.perf_counter() - t_step}
             last = {"step": step, **metrics}
-            if acc.is_main_process:
+            if engine.main:
                 if rollout_file:
                     for r in all_records:
                         rollout_file.write(json.dumps(r) + "\n")
@@ -501,77 +500,78 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend) -> dict:
                     log.log(step, metrics, histograms={"K": [r["k"] for r in all_records if r["rollout"] == 0]})
                     console.print(_step_line(last, cfg.steps))
             if step % cfg.save_every == 0 or step == cfg.steps:
-                acc.wait_for_everyone()
-                if acc.is_main_process:
-                    save_checkpoint(out, base, processor,
-                                    {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "step": step,
-                                     "config": to_dict(cfg), "kind": "grpo"},
-                                    keep_as=f"step_{step:06d}" if cfg.keep_checkpoints else None)
+                save_checkpoint(out, model, processor,
+                                {"scheduler": sched.state_dict(), "step": step, "config": to_dict(cfg), "kind": "grpo"},
+                                keep_as=f"step_{step:06d}" if cfg.keep_checkpoints else None,
+                                engine=engine, optimizer=opt)
     finally:
         log.close()
         if rollout_file:
             rollout_file.close()
+        engine.close()
     return last
 
 
-def _update(cfg: GRPOConfig, acc, wrapped, base, ref, renderer, opt, seqs: list[TrainSequence], step: int,
-            collate, token_logprobs, micro_batches) -> dict[str, float]:
-    """PPO epochs x minibatches of optimizer steps over the step's sequences."""
+def _update(cfg: GRPOConfig, engine, model, base, ref, renderer, opt, params, seqs: list[TrainSequence],
+            step: int) -> dict[str, float]:
+    """PPO epochs x minibatches of optimizer steps over the step's sequences (this process's share;
+    the loss is the token mean over all processes' sequences, see sft.backward_micro_batches)."""
     import numpy as np
 
+    from paravt.train.sequences import micro_batches, token_logprobs
+    from paravt.train.sft import backward_micro_batches
+
     if not seqs:
-        raise RuntimeError(f"step {step + 1}: no trainable sequences (every group was dropped)")
-    n_mb = min(cfg.minibatches, len(seqs))
-    if acc.num_processes > 1:  # every process must take the same number of optimizer steps
-        n_mb = int(acc.gather(torch.tensor([n_mb], device=acc.device)).min())
+        raise RuntimeError(f"step {step + 1}: no trainable sequences on process {engine.rank} (every group was dropped)")
+    n_mb = -engine.all_max(-min(cfg.minibatches, len(seqs)))  # every process takes the same optimizer steps
     rng = np.random.default_rng([cfg.seed, step, 7])
     totals = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "clipped": 0.0, "ratio": 0.0, "entropy": 0.0, "tokens": 0}
-    drift_sum, drift_tok = 0.0, 0
+    drift = {"sum": 0.0, "tokens": 0}
     grad_norms = []
     first_pass = True
     t0 = time.perf_counter()
     seen_tokens = 0
+
+    def surrogate(batch: Batch, real: bool) -> torch.Tensor:
+        logp, ent = token_logprobs(model, batch, with_entropy=True)
+        ref_logp = None
+        if ref is not None:
+            with torch.no_grad():
+                ref_logp, _ = token_logprobs(ref, batch)
+        loss, stats = ppo_loss(logp, batch.old_logprobs, batch.advantages, batch.mask, 1, cfg.clip_eps, ref_logp,
+                               cfg.kl_coef)  # summed over the micro-batch's trained tokens
+        if real:
+            for k in ("pg", "clipped", "ratio", "kl"):
+                if k in stats:
+                    totals[k] += float(stats[k])
+            totals["entropy"] += float((ent * batch.mask).sum())
+            totals["tokens"] += batch.n_tokens
+            if first_pass:  # before any update: rollout logprobs vs a fresh forward (numerics only)
+                drift["sum"] += float(((logp.detach() - batch.old_logprobs).abs() * batch.mask).sum())
+                drift["tokens"] += batch.n_tokens
+        return loss
+
     for _ in range(cfg.ppo_epochs):
         order = rng.permutation(len(seqs))
         for mb in range(n_mb):
             mb_seqs = [seqs[i] for i in order[mb::n_mb]]
-            n_tok = sum(q.n_trained for q in mb_seqs)
-            groups = micro_batches(mb_seqs, cfg.micro_batch_size)
+            n_tok = int(engine.all_sum(sum(q.n_trained for q in mb_seqs)))
             opt.zero_grad(set_to_none=True)
-            for gi, group in enumerate(groups):
-                batch: Batch = collate(base, renderer, group)
-                sync = acc.no_sync(wrapped) if gi < len(groups) - 1 else nullcontext()
-                with sync, acc.autocast():
-                    logp, ent = token_logprobs(wrapped, batch, with_entropy=True)
-                    ref_logp = None
-                    if ref is not None:
-                        with torch.no_grad():
-                            ref_logp, _ = token_logprobs(ref, batch)
-                    loss, stats = ppo_loss(logp, batch.old_logprobs, batch.advantages, batch.mask, n_tok,
-                                           cfg.clip_eps, ref_logp, cfg.kl_coef)
-                acc.backward(loss)
-                totals["loss"] += float(loss.detach()) * n_tok
-                for k in ("pg", "clipped", "ratio", "kl"):
-                    if k in stats:
-                        totals[k] += float(stats[k])
-                totals["entropy"] += float((ent * batch.mask).sum())
-                totals["tokens"] += batch.n_tokens
-                seen_tokens += sum(len(q.ids) for q in group)
-                if first_pass:  # before any update: rollout logprobs vs a fresh forward (numerics only)
-                    drift_sum += float(((logp.detach() - batch.old_logprobs).abs() * batch.mask).sum())
-                    drift_tok += batch.n_tokens
+            totals["loss"] += backward_micro_batches(engine, model, base, renderer,
+                                                     micro_batches(mb_seqs, cfg.micro_batch_size), n_tok, surrogate)
+            seen_tokens += sum(len(q.ids) for q in mb_seqs)
             if not math.isfinite(totals["loss"]):
                 raise FloatingPointError(f"GRPO loss is not finite at step {step + 1}")
-            grad_norms.append(float(acc.clip_grad_norm_([p for p in base.parameters() if p.requires_grad],
-                                                        cfg.grad_clip)))
+            grad_norms.append(engine.clip_grad_norm(params, cfg.grad_clip))
             opt.step()
             first_pass = False
+    totals = {k: engine.all_sum(v) for k, v in totals.items()}
     t = max(totals["tokens"], 1)
     return {"loss": totals["loss"] / t, "pg_loss": totals["pg"] / t, "kl": totals["kl"] / t,
             "clip_frac": totals["clipped"] / t, "ratio_mean": totals["ratio"] / t, "entropy": totals["entropy"] / t,
-            "grad_norm": sum(grad_norms) / len(grad_norms), "trained_tokens": totals["tokens"] // cfg.ppo_epochs,
-            "logprob_drift": drift_sum / max(drift_tok, 1),
-            "train_tokens_per_s": seen_tokens / max(time.perf_counter() - t0, 1e-9)}
+            "grad_norm": sum(grad_norms) / len(grad_norms), "trained_tokens": int(totals["tokens"]) // cfg.ppo_epochs,
+            "logprob_drift": engine.all_sum(drift["sum"]) / max(engine.all_sum(drift["tokens"]), 1),
+            "train_tokens_per_s": engine.all_sum(seen_tokens) / max(time.perf_counter() - t0, 1e-9)}
 
 
 def _step_line(m: dict, total: int) -> str:

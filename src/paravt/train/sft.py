@@ -10,8 +10,8 @@ forced `<think>\\n` at the start of an assistant turn is prompt at inference, so
 
 Written by hand rather than with TRL's SFTTrainer: rows carry frame times that must be decoded
 and interleaved as Qwen3-VL image tokens by our renderer, which the generic trainer does not do.
-The update goes through `accelerate` (device placement, bf16 autocast, DDP under
-`accelerate launch`); the default is one CPU process.
+The update runs on a training engine (train.engine): one process, or several under torchrun
+with DDP or FSDP2 sharding; the default is one CPU process.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 import time
 from collections import OrderedDict
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,8 +50,11 @@ class SFTConfig:
     max_frames: int = 64  # rows with more frames are skipped; also K for a <video> placeholder
     include_subagents: bool = True
     dtype: str = "fp32"  # parameter dtype: fp32 | bf16
-    mixed_precision: str = "no"  # no | bf16 (autocast through accelerate)
+    mixed_precision: str = "no"  # no | bf16 (bf16 compute over fp32 weights; see train.engine)
     device: str = "auto"  # auto (cuda if available) | cpu | cuda
+    engine: str = "auto"  # auto | single | ddp | fsdp (auto: fsdp under torchrun with >1 process)
+    activation_checkpointing: bool = False
+    cpu_offload: bool = False  # fsdp only: parameters, gradients and optimizer state in host memory
     freeze_vision: bool = False
     threads: int = 0  # torch CPU threads for this run (0: torch default; 1 is fastest on a busy shared CPU)
     seed: int = 0
@@ -74,6 +76,7 @@ class SFTConfig:
         _check_choice("dtype", self.dtype, ("fp32", "bf16"))
         _check_choice("mixed_precision", self.mixed_precision, ("no", "bf16"))
         _check_choice("device", self.device, ("auto", "cpu", "cuda"))
+        _check_choice("engine", self.engine, ("auto", "single", "ddp", "fsdp"))
 
     @classmethod
     def load(cls, path: str | Path | None = None, overrides: list[str] | None = None) -> "SFTConfig":
@@ -248,18 +251,36 @@ def sample_index(step: int, j: int, batch_size: int, n: int, seed: int) -> int:
 # training
 
 
-def make_accelerator(device: str, mixed_precision: str):
-    """The run's Accelerator. accelerate keeps one process-wide state that refuses a second
-    precision setting; a single process may train several times (tests, sweeps, notebooks), so
-    outside a distributed launch the state is reset first."""
-    import os
+def make_engine(cfg):
+    """The run's training engine from a trainer config (SFTConfig or GRPOConfig)."""
+    from paravt.train.engine import init_engine
 
-    from accelerate import Accelerator
-    from accelerate.state import AcceleratorState
+    return init_engine(cfg.engine, cfg.device, cfg.mixed_precision,
+                       activation_checkpointing=cfg.activation_checkpointing, cpu_offload=cfg.cpu_offload)
 
-    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        AcceleratorState._reset_state(reset_partial_state=True)
-    return Accelerator(mixed_precision=mixed_precision, cpu=device == "cpu")
+
+def backward_micro_batches(engine, model, base, renderer, groups: list, n_tok: int, loss_fn) -> float:
+    """Forward and backward of this process's micro-batches, gradients reduced across processes
+    once. Every process runs the same number of passes (FSDP's collectives must match): one with
+    fewer pads with passes over its first micro-batch at weight 0. `n_tok` is the trained tokens of
+    ALL processes, and DDP/FSDP average gradients over processes, so each local loss is scaled by
+    the world size: the update is the token mean over the whole batch. loss_fn(batch, real) -> the
+    loss summed over the micro-batch's trained tokens (`real` is False on a padding pass, whose
+    statistics must not count). Returns the local loss sum."""
+    from paravt.train.sequences import collate
+
+    n = engine.all_max(len(groups))
+    total = 0.0
+    for gi in range(n):
+        real = gi < len(groups)
+        batch = collate(base, renderer, groups[gi if real else 0])
+        with engine.accumulate(model, last=gi == n - 1), engine.autocast():
+            summed = loss_fn(batch, real)
+            loss = summed * (engine.world / max(n_tok, 1)) * (1.0 if real else 0.0)
+        loss.backward()
+        if real:
+            total += float(summed.detach())
+    return total
 
 
 def train_sft(cfg: SFTConfig, console=None) -> dict:
@@ -279,11 +300,11 @@ def _train_sft(cfg: SFTConfig, console=None) -> dict:
     from paravt.train.checkpoint import (find_checkpoint, load_policy, make_optimizer, restore_optimizer,
                                          save_checkpoint)
     from paravt.train.logging import RunLogger
-    from paravt.train.sequences import collate, micro_batches, token_logprobs
+    from paravt.train.sequences import micro_batches, token_logprobs
 
     console = console or Console()
-    acc = make_accelerator(cfg.device, cfg.mixed_precision)
-    world, rank = acc.num_processes, acc.process_index
+    engine = make_engine(cfg)
+    world, rank = engine.world, engine.rank
     if cfg.batch_size % world:
         raise ConfigError(f"batch_size {cfg.batch_size} must be a multiple of the {world} processes")
     out = Path(cfg.out)
@@ -300,29 +321,37 @@ def _train_sft(cfg: SFTConfig, console=None) -> dict:
     resume = resumed_from is not None
     torch.manual_seed(cfg.seed)
     source = str(resumed_from) if resume else cfg.model
-    model, processor = load_policy(source, seed=cfg.seed, tiny_size=cfg.tiny_size, device=str(acc.device), dtype=cfg.dtype)
+    model, processor = load_policy(source, seed=cfg.seed, tiny_size=cfg.tiny_size, device=str(engine.device),
+                                   dtype=cfg.dtype)
     renderer = Renderer(processor)
-    params, opt, sched = make_optimizer(model, cfg, cfg.freeze_vision)
+    if cfg.freeze_vision:
+        model.model.visual.requires_grad_(False)
+    model.train()
+    model = engine.prepare(model)
+    base = engine.unwrap(model)
+    params, opt, sched = make_optimizer(base, cfg, cfg.freeze_vision)
     step = 0
     if resume:
-        step = restore_optimizer(out, opt, sched)
+        step = restore_optimizer(out, opt, sched, engine=engine, model=model)
         console.print(f"[dim]resuming from {resumed_from} at step {step}[/dim]")
-    wrapped, opt, sched = acc.prepare(model, opt, sched)
-    base = acc.unwrap_model(wrapped)
-    base.train()
-    if acc.is_main_process:
+    if engine.main:
         out.mkdir(parents=True, exist_ok=True)
         import json
 
         (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
-    log = RunLogger(out, "sft", resume_step=step, enabled=acc.is_main_process)
+    log = RunLogger(out, "sft", resume_step=step, enabled=engine.main)
     readers = _Readers()
     per_rank = cfg.batch_size // world
     last: dict = {}
     t_run = time.perf_counter()
+
+    def nll(batch, real: bool) -> torch.Tensor:
+        logp, _ = token_logprobs(model, batch)
+        return -(logp * batch.mask).sum()
+
     try:
         with Progress(TextColumn("SFT"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                      TimeRemainingColumn(), console=console, disable=not acc.is_main_process) as progress:
+                      TimeRemainingColumn(), console=console, disable=not engine.main) as progress:
             end = cfg.stop_at or cfg.steps
             task = progress.add_task("sft", total=end, completed=step, info="")
             while step < end:
@@ -331,42 +360,35 @@ def _train_sft(cfg: SFTConfig, console=None) -> dict:
                 mine = idx[rank * per_rank:(rank + 1) * per_rank]
                 seqs = [encode_row(rows[i], renderer, root, cfg.max_frames, readers) for i in mine]
                 seqs = [s for s in seqs if s.n_trained > 0]
-                n_tok = sum(s.n_trained for s in seqs)
-                if n_tok == 0:
+                n_tok = int(engine.all_sum(sum(s.n_trained for s in seqs)))
+                if n_tok == 0 or not seqs:
                     raise ConfigError(f"step {step}: the batch's rows have no assistant tokens")
                 opt.zero_grad(set_to_none=True)
-                total = 0.0
-                groups = micro_batches(seqs, cfg.micro_batch_size)
-                for gi, group in enumerate(groups):
-                    batch = collate(base, renderer, group)
-                    sync = acc.no_sync(wrapped) if gi < len(groups) - 1 else nullcontext()
-                    with sync, acc.autocast():
-                        logp, _ = token_logprobs(wrapped, batch)
-                        loss = -(logp * batch.mask).sum() / n_tok
-                    acc.backward(loss)
-                    total += float(loss.detach())
+                local = backward_micro_batches(engine, model, base, renderer,
+                                               micro_batches(seqs, cfg.micro_batch_size), n_tok, nll)
+                total = engine.all_sum(local) / n_tok  # the batch's mean token NLL
                 if not math.isfinite(total):
                     raise FloatingPointError(f"SFT loss is {total} at step {step}")
-                gnorm = float(acc.clip_grad_norm_(params, cfg.grad_clip))
+                gnorm = engine.clip_grad_norm(params, cfg.grad_clip)
                 opt.step()
                 sched.step()
                 step += 1
                 dt = time.perf_counter() - t0
+                n_seen = engine.all_sum(sum(len(s.ids) for s in seqs))
                 last = {"step": step, "loss": total, "grad_norm": gnorm, "lr": sched.get_last_lr()[0],
-                        "target_tokens": n_tok, "tokens": sum(len(s.ids) for s in seqs),
-                        "tokens_per_s": sum(len(s.ids) for s in seqs) / dt, "step_time_s": dt,
+                        "target_tokens": n_tok, "tokens": n_seen, "tokens_per_s": n_seen / dt, "step_time_s": dt,
                         "elapsed_s": time.perf_counter() - t_run}
                 if step % cfg.log_every == 0 or step == end:
                     log.log(step, {k: v for k, v in last.items() if k != "step"})
                 progress.update(task, completed=step, info=f"loss {total:.3f}")
                 if step % cfg.save_every == 0 or step == end:
-                    acc.wait_for_everyone()
-                    if acc.is_main_process:
-                        save_checkpoint(out, base, processor,
-                                        {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                                         "step": step, "config": to_dict(cfg), "kind": "sft"},
-                                        keep_as=f"step_{step:06d}" if cfg.keep_checkpoints else None)
+                    save_checkpoint(out, model, processor,
+                                    {"scheduler": sched.state_dict(), "step": step, "config": to_dict(cfg),
+                                     "kind": "sft"},
+                                    keep_as=f"step_{step:06d}" if cfg.keep_checkpoints else None,
+                                    engine=engine, optimizer=opt)
     finally:
         readers.close()
         log.close()
+        engine.close()
     return last

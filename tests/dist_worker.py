@@ -1,0 +1,50 @@
+"""A GRPO update on given sequences, run by tests/test_train_distributed.py as one process or under
+torchrun (FSDP2 over gloo): the update, then a greedy generation with the gathered weights, and
+rank 0 writes what the test compares.
+
+    python tests/dist_worker.py SEQS.pkl MODEL_DIR OUT.pt [engine]
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+
+import torch
+
+
+def main() -> None:
+    seqs_path, model_dir, out_path = sys.argv[1:4]
+    kind = sys.argv[4] if len(sys.argv) > 4 else "auto"
+    torch.set_num_threads(1)
+    from paravt.backends.base import GenerateRequest
+    from paravt.backends.hf import HFBackend, Renderer
+    from paravt.train.checkpoint import load_policy, make_optimizer
+    from paravt.train.engine import init_engine
+    from paravt.train.grpo import GRPOConfig, _update
+
+    data = pickle.load(open(seqs_path, "rb"))
+    # two PPO epochs: the second sees the updated policy, so the KL to the reference is not 0
+    cfg = GRPOConfig(lr=1e-3, kl_coef=0.01, micro_batch_size=1, ppo_epochs=2, engine=kind, device="cpu")
+    engine = init_engine(cfg.engine, cfg.device, cfg.mixed_precision)
+    model, processor = load_policy(model_dir, device="cpu")
+    model.train()
+    model = engine.prepare(model)
+    base = engine.unwrap(model)
+    ref, _ = load_policy(model_dir, device="cpu")
+    ref = engine.prepare(ref, frozen=True)
+    renderer = Renderer(processor)
+    params, opt, _ = make_optimizer(base, cfg)
+    mine = data["seqs"][engine.rank::engine.world]
+    metrics = _update(cfg, engine, model, base, ref, renderer, opt, params, mine, 0)
+    base.eval()
+    with engine.gathered(model):
+        gen = HFBackend(base, processor).generate_sync([GenerateRequest(data["request"], max_new_tokens=12)])[0]
+    state = engine.full_state_dict(model)
+    if engine.main:
+        torch.save({"metrics": metrics, "state": state, "tokens": gen.token_ids, "logprobs": gen.logprobs}, out_path)
+    engine.close()
+
+
+if __name__ == "__main__":
+    main()

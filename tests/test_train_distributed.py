@@ -1,0 +1,157 @@
+"""Training on two processes (torchrun, FSDP2 over gloo, CPU) against one: the same losses and
+parameters; sharded checkpoints resumed on one and on two processes continue identically; the
+consolidated checkpoint loads with load_model and answers as the trained model did."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pickle
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+TOL = 1e-5  # fp32 sums in another order (two shards, then a reduce) differ by a few ulps
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(args: list[str], nproc: int, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    if nproc > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
+               str(_port()), *args]
+    else:
+        cmd = [sys.executable, *args]
+    r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dist") / "data"
+    subprocess.run([sys.executable, "-m", "paravt", "synth", "--preset", "mini", "--out", str(out), "--n", "8",
+                    "--split", "train", "--seed", "0"], check=True, capture_output=True)
+    return out
+
+
+def sft(split: Path, out: Path, nproc: int, engine: str, **over) -> list[dict]:
+    opts = dict(model="tiny", data=split / "sft.parquet", out=out, steps=4, batch_size=2, micro_batch_size=1, lr=1e-3,
+                warmup_steps=0, engine=engine, device="cpu", save_every=2, threads=1, **over)
+    args = ["-m", "paravt", "train", "sft"] + [x for k, v in opts.items() for x in ("-o", f"{k}={v}")]
+    _run(args, nproc, out.parent)
+    return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+
+
+def weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(run / "checkpoint" / "model.safetensors")
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    assert set(a) == set(b)
+    worst = max(float((a[k] - b[k]).abs().max()) for k in a)
+    assert worst < TOL, worst
+
+
+def test_sft_on_two_processes_equals_one_and_resumes_on_either(split, tmp_path):
+    one = sft(split, tmp_path / "one", 1, "single")
+    two = sft(split, tmp_path / "two", 2, "fsdp")
+    assert [r["step"] for r in two] == [1, 2, 3, 4]
+    for a, b in zip(one, two):
+        assert a["loss"] == pytest.approx(b["loss"], abs=TOL) and a["target_tokens"] == b["target_tokens"]
+    assert_same_weights(weights(tmp_path / "one"), weights(tmp_path / "two"))
+    assert (tmp_path / "two" / "checkpoint" / "dcp" / "__1_0.distcp").is_file()  # sharded: one file per process
+    # stopped at step 2 by two processes, then resumed on one and on two: the same as straight through
+    for nproc, engine in ((1, "single"), (2, "fsdp")):
+        run = tmp_path / f"resume{nproc}"
+        sft(split, run, 2, "fsdp", stop_at=2)
+        log = sft(split, run, nproc, engine)
+        assert [r["step"] for r in log] == [1, 2, 3, 4]
+        assert log[-1]["loss"] == pytest.approx(one[-1]["loss"], abs=TOL)
+        assert_same_weights(weights(run), weights(tmp_path / "one"))
+
+
+@pytest.fixture(scope="module")
+def rollouts(tiny_dir, tmp_path_factory):
+    """Sequences of real in-process episodes of the tiny model (sampled, seeded), with advantages."""
+    from paravt.agent import EpisodeConfig, run_episode
+    from paravt.backends.hf import HFBackend
+    from paravt.models import load_model
+    from paravt.train.sequences import episode_sequences
+    from tests.videotools import make_test_video
+
+    d = tmp_path_factory.mktemp("rollouts")
+    video = make_test_video(d / "v.mp4", seconds=8, fps=4)
+    model, processor = load_model(str(tiny_dir), device="cpu")
+    backend = HFBackend(model, processor)
+    cfg = EpisodeConfig(frames=4, max_new_tokens=24, max_turns=1, temperature=1.0)
+
+    async def run():
+        return await asyncio.gather(*[run_episode(backend, video, "What happens?", EpisodeConfig(
+            **{**cfg.__dict__, "seed": s}), question_type="oe") for s in range(4)])
+
+    eps = asyncio.run(run())
+    seqs = []
+    for ep, adv in zip(eps, (1.0, -1.0, 0.5, -0.5)):
+        seqs += [q for q in episode_sequences(ep, adv, backend.renderer, anchoring="token")[0] if q.n_trained]
+    path = d / "seqs.pkl"
+    pickle.dump({"seqs": seqs, "request": eps[0].turns[0].generation.messages}, open(path, "wb"))
+    return path
+
+
+def test_grpo_update_on_two_processes_equals_one_and_its_checkpoint_answers_the_same(tiny_dir, rollouts, tmp_path):
+    """One PARA-GRPO update (PPO-clip + KL to a sharded frozen reference, token-level anchoring in
+    the advantages) of the same sequences split over two FSDP processes: the same loss and weights.
+    The greedy answer of the updated model, generated in the workers with the gathered weights,
+    is the one the consolidated weights give after load_model."""
+    worker = str(ROOT / "tests" / "dist_worker.py")
+    _run([worker, str(rollouts), str(tiny_dir), str(tmp_path / "one.pt"), "single"], 1, tmp_path)
+    _run([worker, str(rollouts), str(tiny_dir), str(tmp_path / "two.pt"), "fsdp"], 2, tmp_path)
+    one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    for k in ("loss", "pg_loss", "kl", "trained_tokens"):
+        assert one["metrics"][k] == pytest.approx(two["metrics"][k], abs=TOL), k
+    assert one["metrics"]["kl"] > 0 and one["metrics"]["trained_tokens"] > 0
+    assert_same_weights(one["state"], two["state"])
+    assert one["tokens"] == two["tokens"]
+
+    # the consolidated weights, saved and loaded back the way a checkpoint is
+    from paravt.backends.base import GenerateRequest
+    from paravt.backends.hf import HFBackend
+    from paravt.models import load_model
+    from paravt.models.tiny import save_pretrained
+
+    model, processor = load_model(str(tiny_dir), device="cpu")
+    save_pretrained(model, processor, tmp_path / "ckpt", state_dict=two["state"])
+    loaded, lp = load_model(str(tmp_path / "ckpt"), device="cpu")
+    req = pickle.load(open(rollouts, "rb"))["request"]
+    got = HFBackend(loaded, lp).generate_sync([GenerateRequest(req, max_new_tokens=12)])[0]
+    assert got.token_ids == two["tokens"]
+    assert got.logprobs == pytest.approx(two["logprobs"], abs=1e-4)
+
+
+def test_grpo_with_in_process_rollouts_on_two_processes(split, tmp_path):
+    """`torchrun -m paravt train grpo` end to end: each process rolls out its prompts over the
+    gathered weights, and the rollout logprobs are those the sharded update recomputes."""
+    from paravt.ask import DEFAULT_MODEL
+
+    out = tmp_path / "grpo"
+    opts = dict(model=DEFAULT_MODEL, data=split / "rl.parquet", out=out, steps=1, prompts_per_step=2,
+                rollouts_per_prompt=2, **{"episode.max_new_tokens": 16}, engine="fsdp", device="cpu", threads=1)
+    _run(["-m", "paravt", "train", "grpo"] + [x for k, v in opts.items() for x in ("-o", f"{k}={v}")], 2, tmp_path)
+    [log] = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert log["episodes"] == 4 and log["logprob_drift"] < 1e-4
+    assert len(list((out / "checkpoint" / "dcp").glob("*.distcp"))) == 2
