@@ -50,8 +50,8 @@ def split(tmp_path_factory):
 
 
 def sft(split: Path, out: Path, nproc: int, engine: str, **over) -> list[dict]:
-    opts = dict(model="tiny", data=split / "sft.parquet", out=out, steps=4, batch_size=2, micro_batch_size=1, lr=1e-3,
-                warmup_steps=0, engine=engine, device="cpu", save_every=2, threads=1, **over)
+    opts = {**dict(model="tiny", data=split / "sft.parquet", out=out, steps=4, batch_size=2, micro_batch_size=1,
+                   lr=1e-3, warmup_steps=0, engine=engine, device="cpu", save_every=2, threads=1), **over}
     args = ["-m", "paravt", "train", "sft"] + [x for k, v in opts.items() for x in ("-o", f"{k}={v}")]
     _run(args, nproc, out.parent)
     return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
@@ -75,6 +75,8 @@ def test_sft_on_two_processes_equals_one_and_resumes_on_either(split, tmp_path):
         assert a["loss"] == pytest.approx(b["loss"], abs=TOL) and a["target_tokens"] == b["target_tokens"]
     assert_same_weights(weights(tmp_path / "one"), weights(tmp_path / "two"))
     assert (tmp_path / "two" / "checkpoint" / "dcp" / "__1_0.distcp").is_file()  # sharded: one file per process
+    ddp = sft(split, tmp_path / "ddp", 2, "ddp", stop_at=2)  # whole replicas: the same arithmetic
+    assert [r["loss"] for r in ddp] == pytest.approx([r["loss"] for r in one[:2]], abs=TOL)
     # stopped at step 2 by two processes, then resumed on one and on two: the same as straight through
     for nproc, engine in ((1, "single"), (2, "fsdp")):
         run = tmp_path / f"resume{nproc}"
