@@ -421,3 +421,293 @@ def test_open_ended_control_names_the_background(tmp_path):
     assert direct and all(t["direct"] for t in direct)  # the overview answers it: no crops
     with pytest.raises(ValueError, match="control question type"):
         SynthConfig(control="tvg")
+
+
+# ---------------------------------------------------------------------------------------------
+# SynthVT-hard: long videos, several events, multi-window questions, the sweep policy, the tool prior
+
+from paravt.synth.dataset import HARD_TASK, K_VALUES  # noqa: E402
+from paravt.synth.oracle import make_trajectory, sweep_edges, sweep_windows  # noqa: E402
+from paravt.synth.questions import MULTI_KINDS, evidence_visible  # noqa: E402
+from paravt.video import sample_times  # noqa: E402
+
+HARD = dict(n=24, seed=7, **HARD_TASK)
+HARD_KINDS = {"colour_oe", "order_oe", "count_oe", "compare_oe"}
+
+
+@pytest.fixture(scope="module")
+def hard_split(tmp_path_factory):
+    out = tmp_path_factory.mktemp("hard") / "train"
+    return out, build_split(out, SynthConfig(split="train", **HARD))
+
+
+def nominal_crop_times(duration: float, fps: int = 2):
+    """What a crop returns, without decoding: the episode's sample times snapped to the nearest
+    frame of a `fps` video (the decoded test below checks the real frames)."""
+    last = (round(duration * fps) - 1) / fps
+
+    def crop(a: float, b: float) -> list[float]:
+        ts = sample_times(a, b, 1.0, 16, duration=duration, source_fps=fps)
+        return [min(last, max(0.0, round(t * fps) / fps)) for t in ts]
+    return crop
+
+
+def hard_specs(n: int, start: int = 2000):
+    cfg = SynthConfig(**HARD_TASK)
+    for i in range(n):
+        spec = make_spec(start + i, min_len=cfg.min_len, max_len=cfg.max_len, n_events=cfg.n_events,
+                         event_len=(cfg.event_min, cfg.event_max), colour_repeat=cfg.colour_repeat)
+        qs = make_questions(spec, f"v{i}", np.random.default_rng(i), cfg.per_video, None, cfg.kinds, cfg.control,
+                            cfg.kind_weights, cfg.pair_gap)
+        yield spec, qs
+
+
+def test_hard_preset_is_deterministic(hard_split, tmp_path):
+    out, summary = hard_split
+    again = build_split(tmp_path / "again", SynthConfig(split="train", **HARD))
+    for name in ("rl.parquet", "sft.parquet", "oracle.jsonl", "annotations.jsonl", "videos/train_00000.mp4"):
+        assert sha(out / name) == sha(tmp_path / "again" / name), name
+    assert again.to_dict() == summary.to_dict()
+    assert load_trajectories(tmp_path / "again" / "oracle.jsonl") == load_trajectories(out / "oracle.jsonl")
+
+
+def test_hard_answers_are_true_of_the_annotations(hard_split):
+    out, summary = hard_split
+    specs = load_annotations(out / "annotations.jsonl")
+    samples = load_rl_rows(out / "rl.parquet")
+    assert len(samples) == HARD["n"] and {s.question_type for s in samples} == {"oe"}
+    assert HARD_KINDS <= {s.extra["kind"] for s in samples} <= HARD_KINDS | {"background", "background_major"}
+    assert sum(summary.question_kinds.values()) == HARD["n"]
+    for s in samples:
+        x, spec = s.extra, specs[s.extra["video_id"]]
+        ev, named = spec.events, [spec.events[i] for i in s.extra["events"]]
+        assert 210 <= spec.duration <= 300 and 3 <= len(ev) <= 5
+        assert all(2.0 <= e.end - e.start <= 2.5 for e in ev)
+        shapes = [w for w in s.question.replace(",", "").replace("?", "").split() if w in SHAPES_SET]
+        for shape in shapes:  # every shape a question names is one event's
+            assert sum(e.shape == shape for e in ev) == 1, (shape, s.question)
+        if x["kind"] == "colour_oe":
+            assert [e.colour for e in ev if e.shape == shapes[0]] == [s.answer]
+        elif x["kind"] == "order_oe":
+            assert len(named) == 2 and {e.shape for e in named} == set(shapes)
+            assert s.answer == min(named, key=lambda e: e.start).shape
+        elif x["kind"] == "count_oe":
+            colour = s.question.split("How many ")[1].split(" shapes")[0]
+            assert int(s.answer) == sum(e.colour == colour for e in ev) == len(named) >= 1
+            assert all(e.colour == colour for e in named)
+        elif x["kind"] == "compare_oe":
+            a, b = named
+            assert {a.shape, b.shape} == set(shapes) and s.answer == ("yes" if a.colour == b.colour else "no")
+        elif x["kind"] == "background":
+            assert s.answer == spec.scenes[0].colour and not x["needs_event"]
+        else:
+            assert x["kind"] == "background_major" and not x["needs_event"]
+        if x["needs_event"]:
+            assert x["evidence"] == [[e.start, e.end] for e in named]
+
+
+SHAPES_SET = {"circle", "square", "triangle", "cross", "star", "diamond"}
+
+
+def test_multi_window_questions_need_two_windows():
+    """Order and compare questions name two events more than a sweep window apart (no window's
+    crop can show both); counts name every event of their colour; over many videos the answers
+    are not all one word."""
+    answers: dict[str, set] = {k: set() for k in MULTI_KINDS}
+    for spec, qs in hard_specs(80):
+        for q in qs:
+            if q.kind not in MULTI_KINDS:
+                continue
+            answers[q.kind].add(q.answer)
+            spans = [(spec.events[i].start, spec.events[i].end) for i in q.events]
+            assert q.evidence == [list(s) for s in spans]
+            if q.kind in ("order_oe", "compare_oe"):
+                assert len(spans) == 2 and spans[1][0] - spans[0][0] >= HARD_TASK["pair_gap"]
+                crop = nominal_crop_times(spec.duration)
+                for a, b in sweep_edges(spec.duration):
+                    times = crop(a, b)
+                    assert not all(any(s <= t < e for t in times) for s, e in spans), (a, b, spans)
+            else:
+                colour = spec.events[q.events[0]].colour
+                assert q.events == [i for i, e in enumerate(spec.events) if e.colour == colour]
+    assert answers["compare_oe"] == {"yes", "no"} and len(answers["order_oe"]) >= 4
+    assert {"1", "2"} <= answers["count_oe"]
+
+
+def test_sweep_windows_tile_the_video_and_catch_every_event():
+    """Fixed 30 s windows (a tail under 2 s joins the last one), at most two rounds of five up to
+    300 s; their 16 frames are at most 2 s apart, so any 2 s event between 1 s and the last
+    second is in some crop's frames."""
+    for duration in range(210, 301):
+        edges = sweep_edges(float(duration))
+        assert edges[0][0] == 0 and edges[-1][1] == duration
+        assert all(x[1] == y[0] for x, y in zip(edges, edges[1:]))
+        assert all(a % 30 == 0 and 2 <= b - a <= 31 for a, b in edges)
+        rounds = sweep_windows(float(duration), max_parallel=5, max_rounds=2)
+        assert rounds is not None and [w for r in rounds for w in r] == edges and all(len(r) <= 5 for r in rounds)
+        crop = nominal_crop_times(float(duration))
+        frames = sorted(t for a, b in edges for t in crop(a, b))
+        for s in np.arange(1.0, duration - 3.0 + 0.25, 0.5):
+            assert any(s <= t < s + 2.0 for t in frames), (duration, s)
+    assert sweep_windows(331.0, max_parallel=5, max_rounds=2) is None
+    with pytest.raises(ValueError, match="sweep"):
+        SynthConfig(**{**HARD_TASK, "max_len": 400.0})
+
+
+def test_tool_prior_one_calls_tools_at_every_k_and_zero_is_the_old_oracle():
+    n_direct_old = 0
+    for spec, qs in list(hard_specs(12, start=3000)):
+        crop = nominal_crop_times(spec.duration)
+        for q in qs:
+            for k in K_VALUES:
+                times = overview_times(spec.duration, k)
+                always = make_trajectory(spec, q, times, crop, np.random.default_rng(k), 5, "sweep", 1.0, 2)
+                assert not always.direct and always.calls, (q.kind, k)
+                shown = evidence_visible(spec, q, times)
+                assert always.redundant == shown
+                if shown:  # confirming crops hold the evidence, and the think says they confirmed it
+                    assert always.n_rounds == 1 and all(c.end - c.start <= 31 for c in always.calls)
+                    assert "The crops confirm what the overview showed." in always.final_think
+                never = make_trajectory(spec, q, times, crop, np.random.default_rng(k), 5, "sweep", 0.0, 2)
+                assert never.direct == shown and not never.redundant
+                n_direct_old += never.direct
+                assert always.answer == never.answer
+    assert n_direct_old > 0
+    # tool_prior 0 draws nothing: the evidence policy's trajectories are the ones written without the option
+    spec = make_spec(5, min_len=60, max_len=120)
+    crop = nominal_crop_times(spec.duration)
+    for q in make_questions(spec, "v", np.random.default_rng(0), 5):
+        for k in (4, 64):
+            a = make_trajectory(spec, q, overview_times(spec.duration, k), crop, np.random.default_rng(1))
+            b = make_trajectory(spec, q, overview_times(spec.duration, k), crop, np.random.default_rng(1), 5,
+                                "evidence", 0.0)
+            assert a.to_dict() == b.to_dict()
+    with pytest.raises(ValueError, match="tool_prior"):
+        SynthConfig(tool_prior=1.5)
+
+
+def test_default_split_has_no_tool_prior(split):
+    out, summary = split
+    assert summary.oracle_redundant == 0 and summary.oracle_two_rounds == 0
+    for t in load_trajectories(out / "oracle.jsonl"):
+        assert not t["redundant"] and not t["round_thinks"] and {c["round"] for c in t["calls"]} <= {0}
+    assert set(summary.oracle_direct_at_k) <= set(K_VALUES)
+
+
+def test_hard_oracle_crops_show_the_evidence_in_decoded_frames(hard_split):
+    """Every tool-using hard trajectory saw each event it answers about, in the overview or in
+    the decoded frames of its crops (a count: in its crops, and every window was cropped); its
+    sub-agent summaries are true of the decoded pixels; confirming crops show the evidence."""
+    out, summary = hard_split
+    specs = load_annotations(out / "annotations.jsonl")
+    qs = {s.id: s for s in load_rl_rows(out / "rl.parquet")}
+    reader_cache: dict[str, VideoReader] = {}
+    n_checked = 0
+    for t in load_trajectories(out / "oracle.jsonl"):
+        q = qs[t["question_id"]]
+        spec = specs[q.extra["video_id"]]
+        if t["direct"]:
+            assert evidence_visible(spec, _question(q), t["overview_times"])
+            continue
+        if q.extra["video_id"] not in reader_cache:
+            reader_cache[q.extra["video_id"]] = VideoReader(q.video)
+        reader = reader_cache[q.extra["video_id"]]
+        crop_frames = []
+        for c in t["calls"]:
+            frames = reader.crop(c["start"], c["end"], fps=1.0, max_frames=16)
+            assert [f.timestamp for f in frames] == c["frame_times"]
+            for f in frames:
+                assert np.abs(f.image.astype(float) - render_frame(spec, f.timestamp)).mean() < 6
+            assert c["summary"] == describe_frames(spec, c["frame_times"])
+            crop_frames += c["frame_times"]
+        for i in q.extra["events"]:
+            e = spec.events[i]
+            in_crops = any(e.start <= x < e.end for x in crop_frames)
+            in_overview = any(e.start <= x < e.end for x in t["overview_times"])
+            assert in_crops or in_overview, (q.question, e)
+            if t["redundant"] or q.extra["kind"] == "count_oe":
+                assert in_crops, (q.question, e)
+                n_checked += 1
+        if q.extra["kind"] == "count_oe" and not t["redundant"]:
+            assert [(c["start"], c["end"]) for c in t["calls"]] == [tuple(map(float, w))
+                                                                   for w in sweep_edges(spec.duration)]
+    for r in reader_cache.values():
+        r.close()
+    assert n_checked >= 5 and summary.oracle_redundant > 0
+
+
+def _question(s) -> Question:
+    x = s.extra
+    return Question(id=s.id, video_id=x["video_id"], kind=x["kind"], question_type=s.question_type,
+                    question=s.question, answer=s.answer, answer_text=x["answer_text"], options=x["options"],
+                    events=x["events"], evidence=x["evidence"], needs_event=x["needs_event"])
+
+
+def test_hard_sft_rows_render_two_rounds_as_the_episode_does(hard_split):
+    """A two-round trajectory is system, user, [assistant calls, user responses] x 2, the
+    answer-now message after the second round (max_turns 3), and the final answer; sub-agent rows
+    for every call of both rounds."""
+    out, _ = hard_split
+    rows = load_sft_rows(out / "sft.parquet")
+    trajs = {t["question_id"]: t for t in load_trajectories(out / "oracle.jsonl")}
+    mains = [r for r in rows if r["kind"] == "main"]
+    two = [r for r in mains if len({c["round"] for c in trajs[r["question_id"]]["calls"]}) == 2]
+    assert two and len(two) < len(mains)
+    for r in mains:
+        t = trajs[r["question_id"]]
+        texts = ["".join(p.get("text", "") for p in m["content"]) for m in r["messages"]]
+        roles = [m["role"] for m in r["messages"]]
+        final = P.parse(texts[-1])
+        assert final.answer is not None and not final.problems
+        assert accuracy_reward(final.answer, r["answer"], "oe") > 0.99
+        n_rounds = len({c["round"] for c in t["calls"]})
+        if n_rounds == 2:
+            assert roles == ["system", "user", "assistant", "user", "assistant", "user", "user", "assistant"]
+            assert texts[6] == P.final_answer_instruction("oe")
+            for j, rnd in ((2, 0), (4, 1)):
+                calls = [c for c in t["calls"] if c["round"] == rnd]
+                turn = P.parse(texts[j], prefix="")
+                assert [(c.arguments["start_time"], c.arguments["end_time"]) for c in turn.calls] == [
+                    (c["start"], c["end"]) for c in calls] and turn.answer is None
+                assert texts[j + 1] == "\n".join(P.format_tool_response(c["summary"]) for c in calls)
+            assert t["round_thinks"][0] in texts[4]
+        elif n_rounds == 1:
+            assert roles == ["system", "user", "assistant", "user", "assistant"]
+        subs = [x for x in rows if x["kind"] == "sub" and x["question_id"] == r["question_id"]]
+        assert len(subs) == len(t["calls"])
+        assert f"So the answer is: {r['answer']}." in texts[-1]
+
+
+def test_hard_visibility_dial_leaves_tools_useful_at_every_k(hard_split):
+    """The dial over 120 videos (nominal overview times, no encoding): K=64 shows all of an event
+    question's evidence well under 60 % of the time, K=4 under 15 %; the written split agrees
+    within its noise, and its oracle calls tools in most episodes at every K."""
+    counts, n = dict.fromkeys(K_VALUES, 0), 0
+    for spec, qs in hard_specs(120, start=4000):
+        for q in qs:
+            if q.needs_event:
+                n += 1
+                for k in counts:
+                    counts[k] += evidence_visible(spec, q, overview_times(spec.duration, k))
+    vals = [counts[k] / n for k in K_VALUES]
+    assert vals == sorted(vals) and vals[0] < 0.05 and 0.3 < vals[-1] < 0.55, vals
+    _, s = hard_split
+    assert s.visible[4] < 0.15 and s.visible[64] < 0.75
+    assert all(s.oracle_direct_at_k[k] < 0.35 for k in s.oracle_direct_at_k)
+    assert all(s.oracle_calls_at_k[k] >= 1 for k in s.oracle_calls_at_k)
+
+
+def test_cli_hard_preset_and_tool_prior(tmp_path):
+    from typer.testing import CliRunner
+
+    from paravt.cli import app
+
+    r = CliRunner().invoke(app, ["synth", "--preset", "hard", "--tool-prior", "0", "--out", str(tmp_path / "h"),
+                                 "--n", "4", "--seed", "2", "--k-for-oracle", "64"])
+    assert r.exit_code == 0, r.output
+    assert "answer directly" in r.output and "calls / episode" in r.output
+    vis = json.loads((tmp_path / "h" / "visibility.json").read_text())
+    assert vis["oracle_redundant"] == 0 and set(vis["oracle_direct_at_k"]) == {"64"}
+    assert set(vis["question_kinds"]) <= HARD_KINDS | {"background", "background_major"}
+    bad = CliRunner().invoke(app, ["synth", "--preset", "huge", "--out", str(tmp_path / "b")])
+    assert bad.exit_code == 2 and "--preset" in bad.output

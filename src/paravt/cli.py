@@ -145,8 +145,12 @@ def synth(
     n_events: str = typer.Option("2,5", help="Events per video, as 'min,max' (inclusive)."),
     kinds: str = typer.Option("", help="Comma-separated event-question kinds to ask (colour, shape, count, order, when, "
                               "name, colour_oe, shape_oe); empty: all. The background control is always asked."),
-    preset: str = typer.Option("", help="'mini': SynthVT-mini, the shrunk task the shipped tiny model is trained on "
-                               "(sets the length, event, kind, crop-policy and control options)."),
+    preset: str = typer.Option("", help="'mini': SynthVT-mini, the shrunk task the shipped tiny model is trained on; "
+                               "'hard': SynthVT-hard, 210-300 s videos, several events, questions that need two or "
+                               "more windows, a sweep crop policy and a tool prior (each sets the length, event, "
+                               "kind, crop-policy and control options; see synth/dataset.py)."),
+    tool_prior: float = typer.Option(None, help="Chance the oracle still crops (to confirm) when the overview already "
+                                     "shows the evidence, 0-1 (default: the preset's, else 0: answer directly)."),
     captions: int = typer.Option(0, help="Also write captions.parquet: this many frame-description rows per video "
                                  "(a warm-up SFT stage that teaches a from-scratch model to see)."),
     crop_policy: str = typer.Option("evidence", help="Oracle crop windows: evidence (on the evidence, with decoys) | "
@@ -158,15 +162,17 @@ def synth(
     from paravt.synth.dataset import SynthConfig
 
     try:
-        if preset not in ("", "mini"):
-            raise ValueError(f"--preset must be 'mini' or empty, got {preset!r}")
+        if preset not in ("", "mini", "hard"):
+            raise ValueError(f"--preset must be 'mini', 'hard' or empty, got {preset!r}")
         task = dict(min_len=min_len, max_len=max_len, event_min=event_min, event_max=event_max,
                     n_events=_int_pair(n_events, "--n-events"), crop_policy=crop_policy, control=control,
                     kinds=tuple(k for k in kinds.replace(" ", "").split(",") if k))
-        if preset == "mini":
-            from paravt.synth.dataset import MINI_TASK
+        if preset:
+            from paravt.synth.dataset import PRESETS
 
-            task = dict(MINI_TASK)
+            task = dict(PRESETS[preset])
+        if tool_prior is not None:
+            task["tool_prior"] = tool_prior
         cfg = SynthConfig(n=n, seed=seed, split=split, size=size, fps=fps, per_video=per_video,
                           oracle_k=parse_ks(k_for_oracle), **task)
         synth_command(out, cfg)

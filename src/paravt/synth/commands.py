@@ -30,6 +30,21 @@ def visibility_table(summary: SplitSummary, title: str):
     return t
 
 
+def oracle_table(summary: SplitSummary, title: str):
+    """The oracle's tool use by the K each episode was written for: its direct-answer share and
+    crop calls per episode (the cold start's tool prior, kappa at the start of RL)."""
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left")
+    t.add_column("K", justify="right")
+    t.add_column("episodes", justify="right")
+    t.add_column("answer directly", justify="right")
+    t.add_column("calls / episode", justify="right")
+    for k, n in summary.oracle_episodes_at_k.items():
+        t.add_row(str(k), str(n), f"{summary.oracle_direct_at_k[k]:.1%}", f"{summary.oracle_calls_at_k[k]:.2f}")
+    return t
+
+
 def synth_command(out: str, cfg: SynthConfig) -> SplitSummary:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -41,9 +56,13 @@ def synth_command(out: str, cfg: SynthConfig) -> SplitSummary:
     console.print(visibility_table(
         s, f"SynthVT {cfg.split}: questions whose evidence shows in K uniform overview frames "
            f"({s.n_event_questions} event questions, {s.n_questions - s.n_event_questions} controls)"))
+    console.print(oracle_table(s, f"Oracle trajectories by their K (tool prior {cfg.tool_prior:g})"))
     mix = ", ".join(f"{n} {t}" for t, n in s.question_types.items())
+    mix += "; " + ", ".join(f"{n} {k}" for k, n in s.question_kinds.items())
     console.print(f"{s.n_questions} questions ({mix}) over {s.n_videos} videos; oracle: "
                   f"{s.oracle_direct:.0%} answer from the overview, the rest call {s.oracle_mean_calls:.2f} crops on "
-                  f"average; SFT rows: {s.sft_rows.get('main', 0)} main + {s.sft_rows.get('sub', 0)} sub-agent")
+                  f"average ({s.oracle_redundant:.0%} of all episodes crop although the overview shows the evidence, "
+                  f"{s.oracle_two_rounds:.0%} use two rounds); "
+                  f"SFT rows: {s.sft_rows.get('main', 0)} main + {s.sft_rows.get('sub', 0)} sub-agent")
     console.print(f"wrote {out}/rl.parquet, sft.parquet, oracle.jsonl, annotations.jsonl, visibility.json, videos/")
     return s

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from paravt.synth.oracle import check_crop_policy, make_trajectory, to_sft_rows
-from paravt.synth.questions import (check_control, check_kinds, evidence_visible, make_questions, predicted_visibility,
-                                    visible_events)
+from paravt.synth.oracle import SWEEP_LEN, check_crop_policy, make_trajectory, sweep_windows, to_sft_rows
+from paravt.synth.questions import (check_control, check_kind_weights, check_kinds, evidence_visible, make_questions,
+                                    predicted_visibility, visible_events)
 from paravt.synth.render import VideoSpec, make_spec, spec_fingerprint, video_fingerprint, write_video
 
 SPLITS = {"train": 1, "test": 2, "val": 3}  # each split draws from its own seed stream
@@ -33,6 +33,28 @@ K_VALUES = (4, 8, 16, 32, 64)  # the overview budgets of nFrames gating
 # docs/tiny_model.md.)
 MINI_TASK = dict(min_len=60.0, max_len=80.0, event_min=1.0, event_max=4.0, n_events=(1, 1),
                  kinds=("colour_oe",), crop_policy="tile", control="oe")
+# SynthVT-hard: a task on which RL has room to act and the Tool Prior Paradox can show.
+# - 210-300 s videos with 2-2.5 s events: at K=64 the overview frames are 3.3-4.7 s apart and show
+#   a single event about 60 % of the time, all the events of a two-event question about 35 %
+#   (K=4: 1-3 %), so tools pay off at every K.
+# - 3-5 events a video; each question names one or a few of them, the rest are distractors that
+#   the crops report too. Colours repeat half the time, so counts above one and same-colour pairs
+#   are common.
+# - Questions answered with one word (a colour, a shape, a number, yes or no): the colour of one
+#   shape, and three kinds that need two or more windows: which of two shapes came first, how many
+#   shapes of a colour, whether two shapes had the same colour (the two named events start >= 32 s
+#   apart, more than a sweep window, so no crop of the sweep shows both). Open-ended controls, as
+#   in mini.
+# - The "sweep" crop policy: windows 0-30, 30-60, ... five per round, a second round when the
+#   first did not settle the question; 16 frames per 30 s window are at most 2 s apart, so every
+#   event is seen by a crop, and where to look depends only on the stated duration.
+# - tool_prior 0.85: when the overview already shows the evidence, the oracle still crops (around
+#   it) 85 % of the time, so the cold start calls tools in most episodes at every K.
+HARD_TASK = dict(min_len=210.0, max_len=300.0, event_min=2.0, event_max=2.5, n_events=(3, 5), colour_repeat=0.5,
+                 kinds=("colour_oe", "order_oe", "count_oe", "compare_oe"),
+                 kind_weights={"colour_oe": 0.35, "order_oe": 0.25, "count_oe": 0.15, "compare_oe": 0.25},
+                 pair_gap=32.0, crop_policy="sweep", sweep_len=SWEEP_LEN, control="oe", tool_prior=0.85)
+PRESETS = {"mini": MINI_TASK, "hard": HARD_TASK}
 
 
 @dataclass
@@ -51,8 +73,13 @@ class SynthConfig:
     textures: bool = True
     oracle_k: tuple[int, ...] = K_VALUES  # overview budgets the oracle trajectories are written for (one drawn per question)
     kinds: tuple[str, ...] = ()  # event-question kinds to ask (questions.EVENT_KINDS); empty: all
-    crop_policy: str = "evidence"  # oracle crop windows: on the evidence (+ decoys), or "tile" short videos
+    crop_policy: str = "evidence"  # oracle crop windows: on the evidence (+ decoys), "tile" short videos, or "sweep"
     control: str = "mcq"  # the background control: multiple choice, or open-ended ("oe")
+    tool_prior: float = 0.0  # chance the oracle crops (to confirm) when the overview already shows the evidence
+    kind_weights: dict[str, float] = field(default_factory=dict)  # draw each question's kind by these; empty: by type
+    pair_gap: float = 0.0  # seconds between the starts of the two events of an order_oe / compare_oe question
+    colour_repeat: float = 0.3  # chance an event takes an earlier event's colour (counts above one)
+    sweep_len: int = SWEEP_LEN  # window length of the sweep crop policy
 
     def __post_init__(self) -> None:
         if self.split not in SPLITS:
@@ -74,6 +101,19 @@ class SynthConfig:
         check_kinds(self.kinds)
         check_crop_policy(self.crop_policy)
         check_control(self.control)
+        self.kind_weights = {str(k): float(v) for k, v in dict(self.kind_weights).items()}
+        check_kind_weights(self.kind_weights, self.kinds)
+        if not 0 <= self.tool_prior <= 1:
+            raise ValueError(f"tool_prior must be in [0, 1], got {self.tool_prior}")
+        if not 0 <= self.colour_repeat <= 1:
+            raise ValueError(f"colour_repeat must be in [0, 1], got {self.colour_repeat}")
+        if self.crop_policy == "sweep":
+            from paravt.agent import EpisodeConfig
+
+            ep = EpisodeConfig()
+            if sweep_windows(self.max_len, self.sweep_len, ep.max_parallel, ep.max_turns - 1) is None:
+                raise ValueError(f"the sweep policy covers at most {ep.max_parallel * (ep.max_turns - 1)} windows of "
+                                 f"{self.sweep_len} s; max_len {self.max_len:g} s is longer")
         if not self.oracle_k or min(self.oracle_k) < 1:
             raise ValueError(f"oracle_k must be a non-empty list of positive frame counts, got {self.oracle_k}")
 
@@ -89,9 +129,17 @@ class SplitSummary:
     predicted: dict[int, float]  # mean of the rule of thumb min(1, K d / L)
     control_visible: dict[int, float]  # controls whose evidence shows in the real overview
     question_types: dict[str, int] = field(default_factory=dict)
+    question_kinds: dict[str, int] = field(default_factory=dict)
     oracle_direct: float = 0.0  # share of oracle episodes that answer from the overview
     oracle_mean_calls: float = 0.0  # crop calls per oracle episode that calls tools
     sft_rows: dict[str, int] = field(default_factory=dict)
+    # by the K each oracle episode was written for: share answered from the overview, and crop
+    # calls per episode (all episodes: the cold start's kappa), and how many episodes had that K
+    oracle_direct_at_k: dict[int, float] = field(default_factory=dict)
+    oracle_calls_at_k: dict[int, float] = field(default_factory=dict)
+    oracle_episodes_at_k: dict[int, int] = field(default_factory=dict)
+    oracle_redundant: float = 0.0  # share of episodes that crop although the overview showed the evidence
+    oracle_two_rounds: float = 0.0  # share of episodes with two or more tool rounds
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -124,13 +172,15 @@ def build_split(out: str | Path, cfg: SynthConfig, progress=None) -> SplitSummar
     pred = {k: 0.0 for k in K_VALUES}
     ctrl = {k: [0, 0] for k in K_VALUES}
     types: dict[str, int] = {}
+    kinds: dict[str, int] = {}
     task = progress.add_task(f"SynthVT {cfg.split}", total=cfg.n) if progress is not None else None
     i = 0
     while n_q < cfg.n:
         vseed = video_seed(cfg.seed, cfg.split, i)
         vid = f"{cfg.split}_{i:05d}"
         spec = make_spec(vseed, min_len=cfg.min_len, max_len=cfg.max_len, fps=cfg.fps, size=cfg.size,
-                         n_events=cfg.n_events, event_len=(cfg.event_min, cfg.event_max), textures=cfg.textures)
+                         n_events=cfg.n_events, event_len=(cfg.event_min, cfg.event_max), textures=cfg.textures,
+                         colour_repeat=cfg.colour_repeat)
         rel = f"videos/{vid}.mp4"
         reader = _valid(out / rel, spec)
         if reader is None:  # missing, broken, or made with other settings: (re)write it
@@ -140,7 +190,7 @@ def build_split(out: str | Path, cfg: SynthConfig, progress=None) -> SplitSummar
         try:
             overviews = {k: [f.timestamp for f in reader.overview(k)] for k in ks}  # real decoded timestamps
             qs = make_questions(spec, vid, q_rng, cfg.per_video, {k: overviews[k] for k in K_VALUES}, cfg.kinds,
-                                cfg.control)
+                                cfg.control, cfg.kind_weights or None, cfg.pair_gap)
             qs = qs[: cfg.n - n_q]
 
             def crop_times(a: float, b: float) -> list[float]:
@@ -158,6 +208,7 @@ def build_split(out: str | Path, cfg: SynthConfig, progress=None) -> SplitSummar
                         ctrl[k][0] += seen[k]
                         ctrl[k][1] += 1
                 types[q.question_type] = types.get(q.question_type, 0) + 1
+                kinds[q.kind] = kinds.get(q.kind, 0) + 1
                 extra = {"id": q.id, "answer": q.answer, "question_type": q.question_type, "kind": q.kind,
                          "answer_text": q.answer_text, "options": q.options, "events": q.events,
                          "evidence": q.evidence, "needs_event": q.needs_event, "video_id": vid,
@@ -166,7 +217,8 @@ def build_split(out: str | Path, cfg: SynthConfig, progress=None) -> SplitSummar
                 rl_rows.append({"id": q.id, "prompt": [{"role": "user", "content": "<video>\n" + q.question}],
                                 "videos": [{"video": rel}], "extra_info": json.dumps(extra, sort_keys=True)})
                 k = int(cfg.oracle_k[int(o_rng.integers(len(cfg.oracle_k)))])
-                traj = make_trajectory(spec, q, overviews[k], crop_times, o_rng, ep.max_parallel, cfg.crop_policy)
+                traj = make_trajectory(spec, q, overviews[k], crop_times, o_rng, ep.max_parallel, cfg.crop_policy,
+                                       cfg.tool_prior, ep.max_turns - 1, cfg.sweep_len)
                 trajectories.append({"video": rel, **traj.to_dict()})
                 sft_rows += to_sft_rows(traj, q, rel, spec.duration, ep)
             n_q += len(qs)
@@ -184,15 +236,22 @@ def build_split(out: str | Path, cfg: SynthConfig, progress=None) -> SplitSummar
     _write_jsonl(out / "oracle.jsonl", trajectories)
     _write_jsonl(out / "annotations.jsonl", annotations)
     tool_eps = [t for t in trajectories if not t["direct"]]
+    by_k = {k: [t for t in trajectories if t["k"] == k] for k in sorted({t["k"] for t in trajectories})}
     summary = SplitSummary(
         n_videos=i, n_questions=n_q, n_event_questions=n_event,
         visible={k: vis[k] / n_event if n_event else 0.0 for k in K_VALUES},
         predicted={k: pred[k] / n_event if n_event else 0.0 for k in K_VALUES},
         control_visible={k: c[0] / c[1] if c[1] else 0.0 for k, c in ctrl.items()},
         question_types=dict(sorted(types.items())),
+        question_kinds=dict(sorted(kinds.items())),
         oracle_direct=1 - len(tool_eps) / len(trajectories),
         oracle_mean_calls=float(np.mean([len(t["calls"]) for t in tool_eps])) if tool_eps else 0.0,
         sft_rows={"main": sum(r["kind"] == "main" for r in sft_rows), "sub": sum(r["kind"] == "sub" for r in sft_rows)},
+        oracle_direct_at_k={k: float(np.mean([t["direct"] for t in ts])) for k, ts in by_k.items()},
+        oracle_calls_at_k={k: float(np.mean([len(t["calls"]) for t in ts])) for k, ts in by_k.items()},
+        oracle_episodes_at_k={k: len(ts) for k, ts in by_k.items()},
+        oracle_redundant=float(np.mean([t.get("redundant", False) for t in trajectories])),
+        oracle_two_rounds=float(np.mean([len({c.get("round", 0) for c in t["calls"]}) > 1 for t in trajectories])),
     )
     (out / "visibility.json").write_text(json.dumps({"split": cfg.split, **summary.to_dict()}, indent=1) + "\n")
     return summary

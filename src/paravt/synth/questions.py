@@ -16,13 +16,17 @@ from paravt.synth.render import BACKGROUNDS, COLOURS, SHAPES, Event, VideoSpec
 
 LETTERS = "ABCD"
 TYPE_WEIGHTS = {"mcq": 0.5, "tvg": 0.25, "oe": 0.25}  # mix of the event questions of a video
+# kind_weights draws: the share of count_oe questions about a colour shown more than once, and of
+# compare_oe questions about a same-colour pair, where the video has both sides (else "1" and "no"
+# would be most answers)
+RARER_ANSWER_SHARE = 0.75
 
 
 @dataclass
 class Question:
     id: str
     video_id: str
-    kind: str  # colour | shape | count | order | when | name | colour_oe | shape_oe | background | background_major
+    kind: str  # one of EVENT_KINDS, or background | background_major (the controls)
     question_type: str  # mcq | tvg | oe
     question: str  # options included for mcq
     answer: str  # mcq: the letter; tvg: "[start, end]"; oe: short text
@@ -59,7 +63,12 @@ def _plurality(colours: list[str]) -> str | None:
     return counts[0][0]
 
 
-EVENT_KINDS = ("colour", "shape", "count", "order", "when", "name", "colour_oe", "shape_oe")
+DEFAULT_KINDS = ("colour", "shape", "count", "order", "when", "name", "colour_oe", "shape_oe")
+# Open-ended questions about two or more events, answered with one word (a shape, a number, yes or
+# no): the hard preset's multi-window questions. Asked only when named in `kinds`, so the default
+# mix (and every split written before they existed) stays as it was.
+MULTI_KINDS = ("order_oe", "count_oe", "compare_oe")
+EVENT_KINDS = DEFAULT_KINDS + MULTI_KINDS
 
 
 def check_kinds(kinds: tuple[str, ...]) -> None:
@@ -76,12 +85,28 @@ def check_control(control: str) -> None:
         raise ValueError(f"control question type must be one of {list(CONTROL_TYPES)}, got {control!r}")
 
 
+def check_kind_weights(weights: dict[str, float], kinds: tuple[str, ...]) -> None:
+    """Weights name only kinds that are asked (`kinds`, or the default ones when empty)."""
+    check_kinds(tuple(weights))
+    if any(w < 0 for w in weights.values()) or (weights and not sum(weights.values()) > 0):
+        raise ValueError(f"kind weights must be >= 0 with a positive sum, got {weights}")
+    unasked = set(weights) - set(kinds or DEFAULT_KINDS)
+    if unasked:
+        raise ValueError(f"kind weights name kinds that are not asked: {sorted(unasked)}")
+
+
 def make_questions(spec: VideoSpec, video_id: str, rng: np.random.Generator, per_video: int = 5,
                    overview_times: dict[int, list[float]] | None = None,
-                   kinds: tuple[str, ...] = (), control: str = "mcq") -> list[Question]:
+                   kinds: tuple[str, ...] = (), control: str = "mcq",
+                   kind_weights: dict[str, float] | None = None, pair_gap: float = 0.0) -> list[Question]:
     """`per_video - 1` event questions (mcq / tvg / oe by TYPE_WEIGHTS) and one control, multiple
     choice or (`control="oe"`) open-ended: a tiny model reads a colour off frames long before it
     learns to look the colour up in an option list.
+
+    `kind_weights` (kind -> weight) draws each question's kind first, then one of its candidates:
+    without it a kind with many candidates (pairs of events) would crowd out the single-event
+    ones. `pair_gap`: the two events of an order_oe / compare_oe question start at least this many
+    seconds apart (the hard preset: more than a crop window, so the question needs two windows).
 
     `overview_times` (K -> real overview timestamps) lets the "most common background" control
     be asked only when every overview's frame majority shows it; otherwise the control asks
@@ -119,17 +144,18 @@ def make_questions(spec: VideoSpec, video_id: str, rng: np.random.Generator, per
     for i in range(len(ev)):
         for j in range(i + 1, len(ev)):
             cands["mcq"].append(("order", (i, j)))
-    if kinds:  # a smaller task: only these event-question kinds (the control is always asked)
-        check_kinds(kinds)
-        cands = {t: [c for c in cs if c[0] in kinds] for t, cs in cands.items()}
+    check_kinds(kinds)
+    if set(kinds) & set(MULTI_KINDS):
+        cands["oe"] += _multi_candidates(ev, kinds, pair_gap)
+    # a smaller task: only these event-question kinds (the control is always asked)
+    allowed = kinds or DEFAULT_KINDS
+    cands = {t: [c for c in cs if c[0] in allowed] for t, cs in cands.items()}
 
     for _ in range(per_video - 1):
-        types = [t for t in TYPE_WEIGHTS if cands[t]]
-        if not types:
+        picked = _pick(rng, cands, kind_weights, ev) if kind_weights else _pick_by_type(rng, cands)
+        if picked is None:
             break
-        w = np.array([TYPE_WEIGHTS[t] for t in types])
-        qtype = types[int(rng.choice(len(types), p=w / w.sum()))]
-        kind, idx = cands[qtype].pop(int(rng.integers(len(cands[qtype]))))
+        kind, idx = picked
         e: Event = ev[idx[0]]
         if kind == "colour":
             opts, ans = _options(rng, e.colour, list(COLOURS))
@@ -162,6 +188,23 @@ def make_questions(spec: VideoSpec, video_id: str, rng: np.random.Generator, per
             add(kind, "oe", f"What colour was the {e.shape}? Answer with one word.", e.colour, idx=idx)
         elif kind == "shape_oe":
             add(kind, "oe", f"What shape appeared in {e.colour}? Answer with one word.", e.shape, idx=idx)
+        elif kind == "order_oe":
+            shapes = [ev[i].shape for i in idx]
+            if rng.random() < 0.5:
+                shapes.reverse()
+            first = min((ev[i] for i in idx), key=lambda x: x.start).shape
+            add(kind, "oe", f"Which shape appeared first, the {shapes[0]} or the {shapes[1]}? Answer with one word.",
+                first, idx=idx)
+        elif kind == "count_oe":
+            add(kind, "oe", f"How many {e.colour} shapes appeared in the video? Answer with a number.", str(len(idx)),
+                idx=idx)
+        elif kind == "compare_oe":
+            a, b = (ev[i] for i in idx)
+            pair = [a.shape, b.shape]
+            if rng.random() < 0.5:
+                pair.reverse()
+            add(kind, "oe", f"Were the {pair[0]} and the {pair[1]} the same colour? Answer yes or no.",
+                "yes" if a.colour == b.colour else "no", idx=idx)
 
     major = majority_background(spec)
     major_ok = overview_times is not None and len({s.colour for s in spec.scenes}) > 1 and all(
@@ -180,6 +223,65 @@ def make_questions(spec: VideoSpec, video_id: str, rng: np.random.Generator, per
         opts, ans = _options(rng, colour, list(BACKGROUNDS))
         add(kind, "mcq", text, ans, options=opts, answer_text=colour, evidence=spans, needs_event=False)
     return qs
+
+
+def _multi_candidates(ev: list[Event], kinds: tuple[str, ...], pair_gap: float) -> list[tuple[str, tuple]]:
+    """Candidates of the multi-event kinds: pairs of events whose shapes are unique in the video
+    (so "the circle" names one event) and that start `pair_gap` s apart; colours, for counting."""
+    unique = [i for i in range(len(ev)) if sum(x.shape == ev[i].shape for x in ev) == 1]
+    pairs = [(i, j) for i in unique for j in unique if i < j and ev[j].start - ev[i].start >= pair_gap]
+    out: list[tuple[str, tuple]] = []
+    if "order_oe" in kinds:
+        out += [("order_oe", p) for p in pairs]
+    if "compare_oe" in kinds:
+        out += [("compare_oe", p) for p in pairs]
+    if "count_oe" in kinds:
+        for colour in sorted({e.colour for e in ev}):
+            out.append(("count_oe", tuple(i for i, e in enumerate(ev) if e.colour == colour)))
+    return out
+
+
+def _pick_by_type(rng: np.random.Generator, cands: dict[str, list]) -> tuple[str, tuple] | None:
+    """The legacy draw: a question type by TYPE_WEIGHTS, then any candidate of that type."""
+    types = [t for t in TYPE_WEIGHTS if cands[t]]
+    if not types:
+        return None
+    w = np.array([TYPE_WEIGHTS[t] for t in types])
+    qtype = types[int(rng.choice(len(types), p=w / w.sum()))]
+    return cands[qtype].pop(int(rng.integers(len(cands[qtype]))))
+
+
+def _pick(rng: np.random.Generator, cands: dict[str, list], weights: dict[str, float],
+          ev: list[Event]) -> tuple[str, tuple] | None:
+    """A kind by `weights` among the kinds with candidates left, then one of its candidates (for
+    count_oe and compare_oe, from the rarer answer side with probability RARER_ANSWER_SHARE)."""
+    pool = [c for cs in cands.values() for c in cs]
+    kinds = [k for k in weights if weights[k] > 0 and any(c[0] == k for c in pool)]
+    if not kinds:
+        return None
+    w = np.array([weights[k] for k in kinds], float)
+    kind = kinds[int(rng.choice(len(kinds), p=w / w.sum()))]
+    mine = [c for c in pool if c[0] == kind]
+    if kind in ("count_oe", "compare_oe"):
+        special = [c for c in mine if _rarer_answer(c, ev)]
+        if special and len(special) < len(mine):
+            prefer = rng.random() < RARER_ANSWER_SHARE
+            mine = [c for c in mine if (c in special) == prefer]
+    choice = mine[int(rng.integers(len(mine)))]
+    for cs in cands.values():
+        if choice in cs:
+            cs.remove(choice)
+            break
+    return choice
+
+
+def _rarer_answer(cand: tuple[str, tuple], ev: list[Event]) -> bool:
+    """The candidate is on the rarer answer side: several events (count_oe), or the same colour
+    (compare_oe)."""
+    kind, idx = cand
+    if kind == "count_oe":
+        return len(idx) > 1
+    return ev[idx[0]].colour == ev[idx[1]].colour
 
 
 def evidence_visible(spec: VideoSpec, q: Question, times: list[float]) -> bool:

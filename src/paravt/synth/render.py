@@ -89,9 +89,11 @@ class VideoSpec:
 
 def make_spec(seed: int, *, min_len: float = 60, max_len: float = 600, fps: int = 2, size: int = 64,
               n_events: tuple[int, int] = (2, 5), event_len: tuple[float, float] = (1.0, 8.0),
-              scene_len: tuple[float, float] = (20.0, 60.0), textures: bool = True) -> VideoSpec:
+              scene_len: tuple[float, float] = (20.0, 60.0), textures: bool = True,
+              colour_repeat: float = 0.3) -> VideoSpec:
     """Sample a video: integer length, scenes, and non-overlapping events (2 s apart) with
-    distinct (colour, shape) pairs. Colours repeat on purpose now and then so that counting
+    distinct (colour, shape) pairs. Colours repeat on purpose now and then (an event after the
+    first takes an earlier event's colour with probability `colour_repeat`) so that counting
     questions have answers above one. Event times lie on a 0.5 s grid."""
     if not 0 < min_len <= max_len:
         raise ValueError(f"need 0 < min_len <= max_len, got {min_len}, {max_len}")
@@ -103,6 +105,8 @@ def make_spec(seed: int, *, min_len: float = 60, max_len: float = 600, fps: int 
         raise ValueError(f"frame size must be even and >= 32 pixels, got {size}")
     if fps < 1:
         raise ValueError(f"fps must be >= 1, got {fps}")
+    if not 0 <= colour_repeat <= 1:
+        raise ValueError(f"colour_repeat must be in [0, 1], got {colour_repeat}")
     rng = np.random.default_rng(seed)
     duration = float(max(round(rng.uniform(min_len, max_len)), math.ceil(event_len[1] + 4)))
     # scenes; the first covers the first overview frame of every K >= CONTROL_MIN_K, so a
@@ -130,7 +134,7 @@ def make_spec(seed: int, *, min_len: float = 60, max_len: float = 600, fps: int 
         start = float(round(rng.uniform(1.0, duration - d - 1.0) * 2) / 2)
         if any(start < e.end + 2 and e.start < start + d + 2 for e in events):
             continue  # keep events apart so each window shows one thing
-        if events and rng.random() < 0.3:  # a colour seen before, with another shape
+        if events and rng.random() < colour_repeat:  # a colour seen before, with another shape
             colour = events[int(rng.integers(len(events)))].colour
         else:
             colour = str(rng.choice(list(COLOURS)))
