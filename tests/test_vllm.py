@@ -122,3 +122,60 @@ def test_the_parallel_episode_over_vllm_equals_in_process(split, tmp_path, parse
     print(f"\nepisode wall time, K=4, {video.name}: in-process {local_s:.1f} s (CLI, model load included), "
           f"vLLM {remote_s:.1f} s (CLI); episode loop alone: in-process {local['wall_time']:.2f} s, "
           f"vLLM {remote['wall_time']:.2f} s")
+
+
+def test_para_grpo_with_vllm_rollouts_and_disk_weight_sync(split, tmp_path):
+    """Two PARA-GRPO steps of the tiny model with rollouts on a real vLLM that paravt starts (dev-mode
+    RL API) and disk weight sync; after each sync vLLM's logprobs are the trainer's."""
+    import asyncio
+
+    import numpy as np
+    import torch
+
+    from paravt.backends.base import GenerateRequest
+    from paravt.backends.hf import Renderer, sequence_logprobs
+    from paravt.backends.openai import OpenAIBackend
+    from paravt.models import load_model
+    from paravt.train.grpo import GRPOConfig, train_grpo
+    from paravt.train.rollout import RolloutServers
+
+    out = tmp_path / "run"
+    server_args = ["--dtype", "float32", "--max-model-len", "8192", "--gpu-memory-utilization", "0.15"]
+    cfg = GRPOConfig.load(overrides=[
+        f"model={DEFAULT_MODEL}", f"data={split / 'rl.parquet'}", f"out={out}", "steps=2", "prompts_per_step=2",
+        "rollouts_per_prompt=4", "episode.max_new_tokens=64", "device=cpu", "lr=1e-4", "save_every=2",
+        "rollout.engine=servers", "rollout.launch=vllm", "rollout.devices=[cpu]", f"rollout.vllm_python={VLLM_PYTHON}",
+        f"rollout.server_args={json.dumps(server_args)}"])
+    kept = {}
+    real_close = RolloutServers.close
+
+    def keep_open(self):  # check the server after training, then stop it
+        kept["servers"] = self
+
+    RolloutServers.close = keep_open
+    try:
+        t = time.perf_counter()
+        last = train_grpo(cfg)
+        seconds = time.perf_counter() - t
+        servers = kept["servers"]
+        assert last["step"] == 2 and last["logprob_drift"] < 1e-4 and last["episodes"] == 8
+        model, processor = load_model(str(out / "checkpoint"), device="cpu")  # the policy after step 2
+        from tests.test_hf_backend import msgs
+
+        req = GenerateRequest(msgs(seed=3), max_new_tokens=8)
+        got = asyncio.run(OpenAIBackend(servers.urls[0]).generate([req]))[0]
+        images = [p.image for m in req.messages for p in m.images()]
+        with torch.no_grad():
+            mine = sequence_logprobs(model, Renderer(processor), got.prompt_ids, got.token_ids, images)
+        np.testing.assert_allclose(got.logprobs, mine.numpy(), atol=1e-4)
+        assert servers._http.get(servers.urls[0] + "/weight_info").json()["weight_version"] == "2"
+    finally:
+        RolloutServers.close = real_close
+        if "servers" in kept:
+            kept["servers"].close()
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    shares = ["%.1f%%" % (100 * r["sync_share"]) for r in log]
+    drifts = ["%.1e" % r["logprob_drift"] for r in log]
+    print(f"\nPARA-GRPO on vLLM: 2 steps in {seconds:.0f} s (server start included); per step: rollout "
+          f"{[round(r['rollout_s'], 2) for r in log]} s, {[round(r['rollout_tokens_per_s']) for r in log]} tok/s, "
+          f"sync {[round(r['sync_s'], 2) for r in log]} s ({shares} of the step), logprob drift {drifts}")

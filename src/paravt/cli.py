@@ -107,6 +107,9 @@ def serve(
     max_images: int = typer.Option(256, help="Most images in one request (more: 400)."),
     max_total_pixels: int = typer.Option(256 * 1024 * 1024, help="Most decoded pixels of one request's images "
                                          "together, read from their headers before decoding (more: 413)."),
+    rl_api: bool = typer.Option(False, help="Serve the RL weight-sync endpoints (/pause, /resume, /collective_rpc "
+                                "reload_weights, /weight_info), as vLLM's dev mode does, for `paravt train grpo` "
+                                "with rollout servers."),
 ) -> None:
     """Serve a model over an OpenAI-compatible /v1/chat/completions."""
     from paravt.models import ModelLoadError
@@ -114,7 +117,7 @@ def serve(
 
     try:
         run_serve(model, host, port, api_key, max_batch, max_model_len=max_model_len, max_images=max_images,
-                  max_total_pixels=max_total_pixels)
+                  max_total_pixels=max_total_pixels, rl_api=rl_api)
     except (ModelLoadError, ValueError) as e:
         typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None

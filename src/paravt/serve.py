@@ -22,6 +22,15 @@ Safety, because a model server is a network service:
 - a client that disconnects cancels its generation (the backend sees asyncio cancellation);
 - every error is OpenAI-shaped JSON `{"error": {"message", "type", "code"}}`.
 
+Weight sync for RL (`--rl-api`, off by default; behind --api-key when one is set): the endpoints
+and semantics of vLLM's dev-mode RL API, so a trainer drives `paravt serve` and vLLM alike:
+`POST /pause?mode=wait|abort|keep` (new requests wait; "wait" and "keep" let the requests in flight
+finish first, "abort" cancels them), `POST /resume`, `GET /is_paused`, `POST /collective_rpc` with
+`{"method": "reload_weights", "kwargs": {"weights_path": DIR}}` (safetensors written by the
+trainer; only while paused), `POST /update_weight_version {"new_version": V}`, `GET /weight_info`.
+With `return_token_ids: true` a response carries the generated ids (`choices[0].token_ids`) and the
+prompt's (`prompt_token_ids`), as vLLM's does.
+
 Supported: string or list content with text and image_url parts; temperature, top_p,
 max_tokens / max_completion_tokens, seed, stop, n=1, stream=false, logprobs (tokens are
 reported as "token_id:N", as vLLM's --return-tokens-as-token-ids does, because the server
@@ -92,6 +101,7 @@ class ChatRequest:
     request: GenerateRequest
     model: str | None
     logprobs: bool
+    return_token_ids: bool = False
 
 
 def open_image(url: str, max_pixels: int = MAX_IMAGE_PIXELS):
@@ -283,7 +293,8 @@ def parse_chat_request(body: Any, max_pixels: int = MAX_IMAGE_PIXELS, limits: Im
         raise PayloadError("stop must be a non-empty string or a list of at most 16 non-empty strings")
     req = GenerateRequest(messages=messages, max_new_tokens=max_new, temperature=temperature, top_p=top_p,
                           prefix=prefix, stop=list(stop), seed=None if seed is None else seed % (2**63))
-    return ChatRequest(request=req, model=model, logprobs=bool(body.get("logprobs", False)))
+    return ChatRequest(request=req, model=model, logprobs=bool(body.get("logprobs", False)),
+                       return_token_ids=bool(body.get("return_token_ids", False)))
 
 
 async def _until_disconnect(receive) -> None:
@@ -317,12 +328,49 @@ async def generate_while_connected(backend: Backend, req: GenerateRequest, recei
     return gen.result()[0]
 
 
+class WeightGate:
+    """Pause/resume around weight updates (the RL API): requests pass while it is open, wait while
+    it is paused, and a pause can wait for, or cancel, the requests in flight."""
+
+    def __init__(self) -> None:
+        self.open = asyncio.Event()
+        self.open.set()
+        self.inflight: set[asyncio.Task] = set()
+        self.version: str | None = None
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    async def enter(self) -> None:
+        await self.open.wait()
+        self.inflight.add(asyncio.current_task())
+        self.idle.clear()
+
+    def leave(self) -> None:
+        self.inflight.discard(asyncio.current_task())
+        if not self.inflight:
+            self.idle.set()
+
+    async def pause(self, mode: str) -> None:
+        self.open.clear()
+        if mode == "abort":
+            for t in list(self.inflight):
+                t.cancel()
+        await self.idle.wait()
+
+    def resume(self) -> None:
+        self.open.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self.open.is_set()
+
+
 def create_app(backend: Backend, model_name: str, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
                max_image_pixels: int = MAX_IMAGE_PIXELS, max_images: int = MAX_IMAGES,
-               max_total_pixels: int = MAX_TOTAL_PIXELS):
+               max_total_pixels: int = MAX_TOTAL_PIXELS, rl_api: bool = False):
     """The FastAPI app. Any Backend works (tests use fakes); `model_name` is the id /v1/models lists
     and the only one /v1/chat/completions accepts (as vLLM does, so a wrong model is a clear 404).
-    The limits are described in the module docstring."""
+    The limits and the RL weight-sync API (`rl_api`) are described in the module docstring."""
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
@@ -350,9 +398,12 @@ def create_app(backend: Backend, model_name: str, api_key: str | None = None, ma
         log.exception("request failed")
         return error(500, f"internal error: {type(exc).__name__}: {exc}")
 
+    gate = WeightGate()
+    rl_paths = ("/pause", "/resume", "/is_paused", "/collective_rpc", "/update_weight_version", "/weight_info")
+
     @app.middleware("http")
     async def guard(request: Request, call_next):
-        if api_key and request.url.path.startswith("/v1"):
+        if api_key and (request.url.path.startswith("/v1") or request.url.path in rl_paths):
             given = request.headers.get("authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
                 return error(401, "missing or wrong API key (send Authorization: Bearer KEY)")
@@ -391,12 +442,20 @@ def create_app(backend: Backend, model_name: str, api_key: str | None = None, ma
             return error(e.status, str(e))
         if parsed.model is not None and parsed.model != model_name:
             return error(404, f"model {parsed.model!r} is not served here; this server serves {model_name!r}")
+        await gate.enter()
         try:
             c = await generate_while_connected(backend, parsed.request, request.receive)
         except RequestRejected as e:
             return error(400, str(e))
         except BackendError as e:
             return error(500, f"the model failed: {e}")
+        except asyncio.CancelledError:
+            if not gate.paused:
+                raise
+            return error(503, "aborted for a weight update (POST /pause?mode=abort); send it again",
+                         "service_unavailable")
+        finally:
+            gate.leave()
         if c is None:
             log.info("client disconnected: generation cancelled")
             return error(499, "the client closed the connection; the generation was cancelled", "client_closed")
@@ -409,7 +468,7 @@ def create_app(backend: Backend, model_name: str, api_key: str | None = None, ma
             choice["logprobs"] = {"content": [
                 {"token": f"token_id:{ids[i]}" if i < len(ids) else "", "logprob": lp, "bytes": None,
                  "top_logprobs": []} for i, lp in enumerate(c.logprobs)]}
-        return {
+        out = {
             "id": "chatcmpl-" + uuid.uuid4().hex,
             "object": "chat.completion",
             "created": int(time.time()),
@@ -419,13 +478,79 @@ def create_app(backend: Backend, model_name: str, api_key: str | None = None, ma
                       "total_tokens": c.prompt_tokens + c.completion_tokens,
                       "prompt_tokens_details": {"image_tokens": c.visual_tokens}},
         }
+        if parsed.return_token_ids:
+            choice["token_ids"] = list(c.token_ids or [])
+            out["prompt_token_ids"] = list(c.prompt_ids or [])
+        return out
 
+    if rl_api:
+        _add_rl_api(app, backend, gate, error)
     return app
+
+
+def _add_rl_api(app, backend: Backend, gate: WeightGate, error) -> None:
+    """vLLM's dev-mode RL endpoints (module docstring), over `backend.reload_weights(path)`."""
+    from fastapi import Request
+
+    @app.post("/pause")
+    async def pause(mode: str = "abort"):
+        if mode not in ("abort", "wait", "keep"):
+            return error(400, f"mode must be abort, wait or keep, got {mode!r}")
+        await gate.pause(mode)
+        return {"status": "paused"}
+
+    @app.post("/resume")
+    async def resume():
+        gate.resume()
+        return {"status": "resumed"}
+
+    @app.get("/is_paused")
+    async def is_paused():
+        return {"is_paused": gate.paused}
+
+    @app.get("/weight_info")
+    async def weight_info():
+        return {"weight_version": gate.version}
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(request: Request):
+        body = await _json_object(request)
+        version = body.get("new_version") if isinstance(body, dict) else None
+        if not isinstance(version, str):
+            return error(400, 'the body must be {"new_version": "<string>"}')
+        gate.version = version
+        return {"success": True, "new_version": version}
+
+    @app.post("/collective_rpc")
+    async def collective_rpc(request: Request):
+        body = await _json_object(request)
+        if not isinstance(body, dict) or body.get("method") != "reload_weights":
+            return error(400, 'only {"method": "reload_weights", "kwargs": {"weights_path": DIR}} is served here')
+        path = (body.get("kwargs") or {}).get("weights_path")
+        if not isinstance(path, str) or not path:
+            return error(400, "reload_weights needs kwargs.weights_path, a directory of safetensors files")
+        if not gate.paused:
+            return error(409, "pause generation first (POST /pause): weights change under no request")
+        reload = getattr(backend, "reload_weights", None)
+        if reload is None:
+            return error(400, "this server's backend cannot reload weights")
+        try:
+            await asyncio.to_thread(reload, path)
+        except (OSError, ValueError) as e:
+            return error(400, f"reload_weights failed: {e}")
+        return {"results": [None]}
+
+
+async def _json_object(request) -> object:
+    try:
+        return json.loads(await request.body())
+    except (ValueError, RecursionError):
+        return None
 
 
 def serve(model: str | None, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           max_batch: int = 16, max_model_len: int | None = None, max_images: int = MAX_IMAGES,
-          max_total_pixels: int = MAX_TOTAL_PIXELS) -> None:
+          max_total_pixels: int = MAX_TOTAL_PIXELS, rl_api: bool = False) -> None:
     """Load the model (or build an untrained tiny one) and serve it until interrupted. `max_model_len`
     (None: the model's own) goes to the backend, which rejects longer prompts (400). The limits are
     checked before the model loads, so a typo fails fast."""
@@ -454,6 +579,8 @@ def serve(model: str | None, host: str = "127.0.0.1", port: int = 8000, api_key:
                       "[/yellow]")
     console.print(f"paravt serve: model [bold]{name}[/bold] at http://{host}:{port}/v1 (max batch {max_batch})")
     backend = HFBackend(m, p, max_batch=max_batch, max_model_len=max_model_len)
+    if rl_api:
+        console.print("RL weight-sync API on: /pause, /resume, /collective_rpc reload_weights, /weight_info")
     app = create_app(backend, name, api_key=api_key, max_images=limits.max_images,
-                     max_total_pixels=limits.max_total_pixels)
+                     max_total_pixels=limits.max_total_pixels, rl_api=rl_api)
     uvicorn.run(app, host=host, port=port, log_level="warning")

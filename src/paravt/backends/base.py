@@ -111,6 +111,7 @@ class Completion:
     logprobs: list[float] | None = None  # per generated id, under the sampling distribution's model (temperature 1 logits)
     assistant_ids: list[int] | None = None  # prefix ids + token_ids: what goes into Message.token_ids next turn
     error: str | None = None
+    served_by: str | None = None  # the server that answered (openai backend): its weight version is the rollout's
 
 
 @runtime_checkable

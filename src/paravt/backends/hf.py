@@ -31,6 +31,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -501,6 +502,31 @@ class HFBackend:
     def generate_sync(self, requests: list[GenerateRequest]) -> list[Completion]:
         """The same without an event loop (scripts, trainer): blocks until all are done."""
         return [f.result() for f in self._submit(requests)]
+
+    def reload_weights(self, path: str) -> None:
+        """Load new weights in place from a directory of safetensors files (a trainer's consolidated
+        checkpoint): the weight-sync path of `paravt serve --rl-api`. Call it with no request in
+        flight (the server pauses first). A tied weight may be absent (it is its source)."""
+        from safetensors.torch import load_file
+
+        files = sorted(Path(path).glob("*.safetensors"))
+        if not files:
+            raise ValueError(f"{path}: no .safetensors files")
+        state: dict = {}
+        for f in files:
+            state.update(load_file(f))
+        tied = set(getattr(self.model, "all_tied_weights_keys", None) or {})
+        own = self.model.state_dict()
+        missing = sorted(set(own) - set(state) - tied)
+        unknown = sorted(set(state) - set(own))
+        if missing or unknown:
+            raise ValueError(f"{path} does not match the served model: missing {missing[:3]}, unknown {unknown[:3]}")
+        bad = [k for k, v in state.items() if tuple(v.shape) != tuple(own[k].shape)]
+        if bad:
+            raise ValueError(f"{path}: shapes differ from the served model's for {bad[:3]}")
+        with torch.no_grad():
+            for k, v in state.items():
+                own[k].copy_(v.to(own[k].dtype))
 
     async def aclose(self) -> None:
         """Stop the worker once the rows in flight are done (a later call starts a new one)."""

@@ -347,6 +347,7 @@ def _completion(data: dict, prefix: str, url: str) -> Completion:
         logprobs=logprobs,
         token_ids=token_ids,
         prompt_ids=prompt_ids,
+        served_by=url.removesuffix("/v1"),
     )
 
 

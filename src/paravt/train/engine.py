@@ -181,9 +181,12 @@ class Engine:
 
     # ---- checkpoints
 
-    def full_state_dict(self, model: torch.nn.Module) -> dict | None:
+    def full_state_dict(self, model: torch.nn.Module, keep_tied: bool = False) -> dict | None:
         """The whole model's parameters on rank 0's CPU (None elsewhere): for the consolidated
-        Hugging Face directory. Collective: every process must call it."""
+        Hugging Face directory. Collective: every process must call it. A tied weight (lm_head =
+        embed_tokens) is one parameter and is written once, as from_pretrained expects, unless
+        `keep_tied` (vLLM's in-place reload restores the OLD tensor of a layer it got no weights
+        for, so weights sent to a running vLLM must name lm_head.weight too)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         if self.kind == "single":
@@ -192,8 +195,9 @@ class Engine:
             sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if not self.main:
             return None
-        # a tied weight (lm_head = embed_tokens) is one parameter: written once, as from_pretrained expects
         tied = getattr(self.unwrap(model), "all_tied_weights_keys", None) or {}
+        if keep_tied:  # a copy of its own: safetensors refuses two names for one storage
+            return {k: v.clone() if k in tied else v for k, v in sd.items()}
         return {k: v for k, v in sd.items() if k not in tied}
 
     def save_sharded(self, model: torch.nn.Module, optimizer, path: Path) -> None:

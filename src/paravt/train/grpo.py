@@ -38,6 +38,7 @@ import torch
 from paravt.agent import EpisodeConfig
 from paravt.rewards import RewardConfig
 from paravt.train.config import ConfigError, load_config, to_dict
+from paravt.train.rollout import RolloutConfig
 from paravt.train.sequences import Batch, TrainSequence
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ class GRPOConfig:
     fixed_k: int = 64
     anchoring: str = "token"  # token | sequence | off
     reward: RewardConfig = field(default_factory=RewardConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)  # in-process, or on inference servers
     include_subagents: bool = True  # sub-agent generations as extra sequences
     adv_eps: float = 1e-6
     batch_norm_advantages: bool = True
@@ -394,7 +396,16 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend) -> dict:
     if resume:
         step = restore_optimizer(out, opt, sched, engine=engine, model=model)
         console.print(f"[dim]resuming from {resumed_from} at step {step}[/dim]")
-    backend = (make_backend or HFBackend)(base, processor, max_batch=cfg.rollout_batch)
+    servers = None
+    if cfg.rollout.engine == "servers":
+        if make_backend is not None:
+            raise ConfigError("make_backend serves in-process rollouts; rollout.engine servers uses the servers")
+        servers = _start_servers(cfg, engine, source, out)
+        sync_s = _sync(engine, servers, model, processor, out, step)  # the policy as it starts (fresh or resumed)
+        console.print(f"[dim]rollouts on {len(servers.urls)} server(s): {', '.join(servers.urls)} "
+                      f"(weights synced in {sync_s:.1f} s)[/dim]")
+    else:
+        backend = (make_backend or HFBackend)(base, processor, max_batch=cfg.rollout_batch)
 
     if engine.main:
         out.mkdir(parents=True, exist_ok=True)
@@ -422,8 +433,13 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend) -> dict:
             # 2. rollouts (policy in eval mode, whole weights under FSDP; the backend decodes without grad)
             base.eval()
             t0 = time.perf_counter()
-            with engine.gathered(model) as gather_s:
-                results = asyncio.run(run_rollouts(backend, jobs, episode_cfg, cfg.temperature, cfg.top_p))
+            if servers is not None:
+                gather_s = 0.0
+                results = asyncio.run(run_rollouts(servers.backend(), jobs, episode_cfg, cfg.temperature, cfg.top_p))
+                _check_served(results, servers, step)
+            else:
+                with engine.gathered(model) as gather_s:
+                    results = asyncio.run(run_rollouts(backend, jobs, episode_cfg, cfg.temperature, cfg.top_p))
             rollout_s = time.perf_counter() - t0
 
             # 3. rewards and advantages, per group; a group with a failed episode is dropped
@@ -478,6 +494,7 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend) -> dict:
             sched.step()
             update_s = time.perf_counter() - t1
             step += 1
+            sync_s = _sync(engine, servers, model, processor, out, step) if servers is not None else 0.0
 
             # 6. metrics, logs, checkpoint
             all_records = engine.gather(records)
@@ -488,8 +505,9 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend) -> dict:
                        "seqs_sub": sum(1 for q in seqs if q.kind == "sub"),
                        "drift_episodes": drift, "dropped_groups": len(dropped),
                        "gen_tokens": n_gen, "rollout_tokens_per_s": n_gen / max(rollout_s, 1e-9),
-                       "rollout_s": rollout_s, "update_s": update_s, "gather_s": gather_s,
+                       "rollout_s": rollout_s, "update_s": update_s, "gather_s": gather_s, "sync_s": sync_s,
                        "step_time_s": time.perf_counter() - t_step}
+            metrics["sync_share"] = sync_s / max(metrics["step_time_s"], 1e-9)
             last = {"step": step, **metrics}
             if engine.main:
                 if rollout_file:
@@ -508,8 +526,56 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend) -> dict:
         log.close()
         if rollout_file:
             rollout_file.close()
+        if servers is not None:
+            servers.close()
         engine.close()
     return last
+
+
+def _start_servers(cfg: GRPOConfig, engine, source: str, out: Path):
+    """Rank 0 starts (or connects to) the rollout servers; every process gets their URLs."""
+    from paravt.train.rollout import RolloutServers
+
+    servers = RolloutServers.start(cfg.rollout, source, out / "servers") if engine.main else None
+    urls = engine.broadcast(servers.urls if servers else None)
+    return servers or RolloutServers(cfg.rollout, urls)
+
+
+def _sync(engine, servers, model, processor, out: Path, step: int) -> float:
+    """The policy's weights to every rollout server, as version `step` (see train.rollout): written
+    by all processes together, loaded by the servers at rank 0's request. Servers that failed are
+    dropped everywhere. Returns the seconds it took."""
+    from paravt.train.rollout import write_sync_weights
+
+    t0 = time.perf_counter()
+    weights = write_sync_weights(engine, model, processor, out, str(step))
+    error = None
+    if engine.main:
+        try:
+            servers.sync(weights, str(step))
+        except Exception as e:  # noqa: BLE001 - every process must learn of it, not only rank 0
+            error = str(e)
+    state = engine.broadcast((error, servers.urls if engine.main else None, servers.version if engine.main else None))
+    if state[0]:
+        from paravt.backends.base import BackendError
+
+        raise BackendError(f"weight sync of step {step} failed: {state[0]}")
+    servers.urls, servers.version = list(state[1]), dict(state[2])
+    return time.perf_counter() - t0
+
+
+def _check_served(results: list, servers, step: int) -> None:
+    """Every episode must come from the policy being updated (staleness 0): the servers that
+    generated it hold version `step`. When every episode failed, say why (no server left, ...)."""
+    eps = [r for r in results if not isinstance(r, BaseException)]
+    if results and not eps:
+        raise results[0]
+    for ep in eps:
+        for call in [t.generation for t in ep.turns] + [c.generation for c in ep.subcalls() if c.generation]:
+            v = servers.version.get(call.served_by or "")
+            if v != str(step):
+                raise RuntimeError(f"an episode of step {step + 1} was generated by {call.served_by} holding weight "
+                                   f"version {v!r}, not {step} (max_staleness 0)")
 
 
 def _update(cfg: GRPOConfig, engine, model, base, ref, renderer, opt, params, seqs: list[TrainSequence],

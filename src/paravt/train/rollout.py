@@ -1,0 +1,228 @@
+"""PARA-GRPO rollouts on inference servers, and the weight sync that keeps them on-policy.
+
+The episodes run through the same `run_episode` as in-process rollouts, with the OpenAI backend
+spread over the servers (least-busy routing, retries on another server when one fails). What
+training needs from a server, and where it comes from:
+- exact sequences: the server's `prompt_token_ids` and generated `token_ids` (vLLM's
+  `return_token_ids`, `paravt serve` the same); the sampling logprobs of those tokens (`logprobs`).
+  A multi-turn episode whose next prompt, re-tokenized by the server, does not begin with the
+  previous prompt and generation is trained turn by turn and counted (`drift_episodes`).
+- the weights: after every optimizer step, before the next rollouts, each server loads the new
+  weights (every parameter by name, tied ones included) through the server's own RL API (vLLM's dev-mode endpoints, which `paravt serve --rl-api`
+  implements too): POST /pause?mode=wait, POST /collective_rpc reload_weights(weights_path) from
+  the consolidated safetensors the trainer just wrote, POST /update_weight_version, POST /resume;
+  GET /weight_info confirms the version. This disk path works everywhere (CPU included); its cost
+  is one write and one read of the model per step. vLLM's NCCL weight transfer (the GPU path,
+  /init_weight_transfer_engine then /update_weights) is not built: it needs the trainer and the
+  servers on GPUs in one NCCL group.
+- staleness: every episode records the weight version of the server that produced it, and the
+  step refuses episodes of another version than the policy it updates (max_staleness 0).
+
+Servers are either given (URLs of servers a user runs, on this node or another) or started here as
+subprocesses (`launch: paravt` or `launch: vllm`, one per entry of `devices`), and stopped with the
+trainer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from paravt.backends.base import BackendError
+
+ENGINES = ("inprocess", "servers")
+LAUNCH = ("none", "paravt", "vllm")
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "inprocess"  # inprocess | servers
+    servers: list[str] = field(default_factory=list)  # URLs of running servers (engine: servers)
+    launch: str = "none"  # none | paravt | vllm: start this many servers here (one per entry of devices)
+    devices: list[str] = field(default_factory=list)  # e.g. ["cpu", "cpu"], or ["0", "1"] (CUDA_VISIBLE_DEVICES)
+    vllm_python: str = ""  # the python of a vLLM environment (default: this one)
+    server_args: list[str] = field(default_factory=list)  # extra command-line arguments for launched servers
+    api_key: str | None = None
+    concurrency: int = 16  # requests in flight per server
+    timeout_s: float = 600.0  # one model call, retries included
+    start_timeout_s: float = 900.0  # a launched server must answer within this
+    max_staleness: int = 0  # versions a rollout's weights may lag the policy (only 0 is supported)
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"rollout.engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.launch not in LAUNCH:
+            raise ValueError(f"rollout.launch must be one of {', '.join(LAUNCH)}, got {self.launch!r}")
+        if self.engine == "servers" and not self.servers and (self.launch == "none" or not self.devices):
+            raise ValueError("rollout.engine servers needs rollout.servers (URLs), or rollout.launch with devices")
+        if self.max_staleness != 0:
+            raise ValueError("rollout.max_staleness: only 0 is supported (the sync happens between steps)")
+        if self.concurrency < 1 or self.timeout_s <= 0:
+            raise ValueError("rollout.concurrency must be >= 1 and rollout.timeout_s > 0")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_command(kind: str, model: str, port: int, python: str = "", extra: list[str] | None = None) -> list[str]:
+    """The command line of one rollout server on loopback."""
+    if kind == "paravt":
+        return [python or sys.executable, "-m", "paravt", "serve", "--model", model, "--port", str(port), "--rl-api",
+                *(extra or [])]
+    if kind == "vllm":
+        return [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host",
+                "127.0.0.1", "--port", str(port), *(extra or [])]
+    raise ValueError(f"cannot launch {kind!r} servers")
+
+
+class RolloutServers:
+    """The servers one trainer process rolls out on: their URLs, the weight version each holds, and
+    the subprocesses started here."""
+
+    def __init__(self, cfg: RolloutConfig, urls: list[str], procs: list[subprocess.Popen] | None = None):
+        self.cfg = cfg
+        self.urls = [u.rstrip("/").removesuffix("/v1") for u in urls]
+        self.procs = procs or []
+        self.version: dict[str, str | None] = {u: None for u in self.urls}
+        self.api_key = cfg.api_key or os.environ.get("PARAVT_API_KEY")
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        self._http = httpx.Client(timeout=cfg.timeout_s, headers=headers)
+
+    @classmethod
+    def start(cls, cfg: RolloutConfig, model: str, log_dir: Path) -> "RolloutServers":
+        """Use the given servers, or launch `cfg.launch` servers on `cfg.devices` serving `model`."""
+        if cfg.launch == "none":
+            return cls(cfg, list(cfg.servers))
+        procs, urls = [], []
+        log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            for i, dev in enumerate(cfg.devices):
+                port = _free_port()
+                env = dict(os.environ)
+                if dev != "cpu":
+                    env["CUDA_VISIBLE_DEVICES"] = dev
+                if cfg.launch == "vllm":
+                    env["VLLM_SERVER_DEV_MODE"] = "1"  # the RL endpoints
+                    if dev == "cpu":
+                        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+                log = open(log_dir / f"server_{i}.log", "w")
+                procs.append(subprocess.Popen(launch_command(cfg.launch, model, port, cfg.vllm_python, cfg.server_args),
+                                              stdout=log, stderr=subprocess.STDOUT, env=env))
+                urls.append(f"http://127.0.0.1:{port}")
+            servers = cls(cfg, list(cfg.servers) + urls, procs)
+            servers.wait_ready(log_dir)
+            return servers
+        except BaseException:
+            for p in procs:
+                p.kill()
+            raise
+
+    def wait_ready(self, log_dir: Path) -> None:
+        deadline = time.time() + self.cfg.start_timeout_s
+        pending = list(self.urls)
+        while pending:
+            for p in self.procs:
+                if p.poll() is not None:
+                    raise BackendError(f"a rollout server exited with code {p.returncode}; see {log_dir}/server_*.log")
+            for u in list(pending):
+                try:
+                    if self._http.get(u + "/v1/models", timeout=2).status_code == 200:
+                        pending.remove(u)
+                except httpx.HTTPError:
+                    pass
+            if pending and time.time() > deadline:
+                raise BackendError(f"rollout servers {pending} did not answer within {self.cfg.start_timeout_s:g} s")
+            if pending:
+                time.sleep(1)
+
+    def backend(self):
+        """An OpenAI backend over the live servers, asking for token ids and logprobs."""
+        from paravt.backends.openai import OpenAIBackend
+
+        live = [u for u in self.urls]
+        if not live:
+            raise BackendError("no rollout server is left")
+        return OpenAIBackend(live[0], endpoints=live, api_key=self.api_key, concurrency=self.cfg.concurrency,
+                             timeout_s=self.cfg.timeout_s, logprobs=True, server_extensions=True)
+
+    # ---- weight sync
+
+    def _post(self, url: str, path: str, **kw) -> dict:
+        r = self._http.post(url + path, **kw)
+        if r.status_code >= 400:
+            raise BackendError(f"{url}{path} answered HTTP {r.status_code}: {r.text[:300]}")
+        return r.json() if r.content else {}
+
+    def _sync_one(self, url: str, weights: Path, version: str) -> None:
+        self._post(url, "/pause", params={"mode": "wait"})
+        try:
+            self._post(url, "/collective_rpc", json={"method": "reload_weights",
+                                                      "kwargs": {"weights_path": str(weights)}})
+            self._post(url, "/update_weight_version", json={"new_version": version})
+        finally:
+            self._post(url, "/resume")
+        got = self._http.get(url + "/weight_info").json().get("weight_version")
+        if str(got) != version:
+            raise BackendError(f"{url} reports weight version {got!r} after loading {version!r}")
+        self.version[url] = version
+
+    def sync(self, weights: Path, version: str) -> float:
+        """Every server loads `weights` and takes `version`; a server that fails is dropped (its
+        requests go to the others). Returns the seconds it took; raises when no server is left."""
+        t0 = time.perf_counter()
+
+        async def all_servers():
+            return await asyncio.gather(*[asyncio.to_thread(self._sync_one, u, weights, version) for u in self.urls],
+                                        return_exceptions=True)
+
+        errors = {u: e for u, e in zip(list(self.urls), asyncio.run(all_servers())) if isinstance(e, BaseException)}
+        for u, e in errors.items():
+            print(f"rollout server {u} dropped: weight sync failed ({e})", file=sys.stderr)
+            self.urls.remove(u)
+        if not self.urls:
+            raise BackendError("no rollout server is left: " + "; ".join(f"{u}: {e}" for u, e in errors.items()))
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        self._http.close()
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def write_sync_weights(engine, model, processor, out: Path, version: str, keep: int = 2) -> Path | None:
+    """The policy's consolidated weights for the servers to load, at OUT/sync/<version> (collective;
+    rank 0 writes, older versions beyond `keep` are removed). Returns the directory on rank 0."""
+    from paravt.models.tiny import save_pretrained
+
+    full = engine.full_state_dict(model, keep_tied=True)
+    if not engine.main:
+        return None
+    root = out / "sync"
+    d = root / version
+    tmp = root / (version + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_pretrained(engine.unwrap(model), processor, tmp, state_dict=full)
+    shutil.rmtree(d, ignore_errors=True)
+    tmp.rename(d)
+    done = sorted((p for p in root.iterdir() if p.is_dir() and not p.name.endswith(".tmp")),
+                  key=lambda p: p.stat().st_mtime)
+    for old in done[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return d

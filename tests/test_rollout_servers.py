@@ -1,0 +1,154 @@
+"""PARA-GRPO rollouts on `paravt serve` subprocesses with disk weight sync (train.rollout): the
+weights really arrive, a dead server's requests go to the other, server ids give the in-process
+sequences, and a run with servers trains two steps and resumes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from paravt.ask import DEFAULT_MODEL
+from paravt.backends.base import GenerateRequest
+from paravt.train.rollout import RolloutConfig, RolloutServers, write_sync_weights
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory):
+    out = tmp_path_factory.mktemp("rs") / "data"
+    subprocess.run([sys.executable, "-m", "paravt", "synth", "--preset", "mini", "--out", str(out), "--n", "8",
+                    "--split", "train", "--seed", "0"], check=True, capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    cfg = RolloutConfig(engine="servers", launch="paravt", devices=["cpu", "cpu"], start_timeout_s=300)
+    s = RolloutServers.start(cfg, str(DEFAULT_MODEL), tmp_path_factory.mktemp("logs"))
+    yield s
+    s.close()
+
+
+def request():
+    from tests.test_hf_backend import msgs
+
+    return GenerateRequest(msgs(seed=3), max_new_tokens=8)
+
+
+def served(servers, url: str):
+    """A greedy completion with ids and logprobs from one server."""
+    from paravt.backends.openai import OpenAIBackend
+
+    return asyncio.run(OpenAIBackend(url, logprobs=True).generate([request()]))[0]
+
+
+def test_after_a_sync_both_servers_hold_the_trainers_weights(servers, tmp_path):
+    from paravt.backends.hf import Renderer, sequence_logprobs
+    from paravt.models import load_model
+    from paravt.train.engine import init_engine
+
+    before = [served(servers, u) for u in servers.urls]
+    model, processor = load_model(str(DEFAULT_MODEL), device="cpu")
+    with torch.no_grad():  # a "training step": every weight moved
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    engine = init_engine("single", "cpu")
+    weights = write_sync_weights(engine, model, processor, tmp_path, "7")
+    seconds = servers.sync(weights, "7")
+    assert seconds < 60 and servers.version == {u: "7" for u in servers.urls}
+    renderer = Renderer(processor)
+    images = [p.image for m in request().messages for p in m.images()]
+    for url, old in zip(servers.urls, before):
+        new = served(servers, url)
+        with torch.no_grad():
+            mine = sequence_logprobs(model, renderer, new.prompt_ids, new.token_ids, images)
+        np.testing.assert_allclose(new.logprobs, mine.numpy(), atol=1e-4)  # the trainer's weights, exactly
+        assert new.token_ids != old.token_ids or not np.allclose(new.logprobs, old.logprobs, atol=1e-3)
+        assert servers._http.get(url + "/weight_info").json() == {"weight_version": "7"}
+
+
+def test_server_ids_give_the_in_process_sequences(servers, split, tmp_path):
+    """The same greedy episode in-process and over a server: the same training sequences, built from
+    the server's prompt_token_ids and token_ids."""
+    from paravt.agent import EpisodeConfig, run_episode
+    from paravt.backends.hf import HFBackend
+    from paravt.backends.openai import OpenAIBackend
+    from paravt.models import load_model
+    from paravt.train.sequences import episode_sequences
+    from paravt.data import load_rl_rows
+    from paravt.train.engine import init_engine
+
+    model, processor = load_model(str(DEFAULT_MODEL), device="cpu")
+    servers.sync(write_sync_weights(init_engine("single", "cpu"), model, processor, tmp_path, "0"), "0")
+    hf = HFBackend(model, processor)
+    cfg = EpisodeConfig(frames=4, max_new_tokens=200, sub_max_new_tokens=60)
+    # a question whose evidence the 4 overview frames miss: the shipped model crops in parallel
+    s = next(s for s in load_rl_rows(split / "rl.parquet") if s.extra.get("needs_event")
+             and not s.extra["overview_visible"]["4"])
+    local = asyncio.run(run_episode(hf, s.video, s.question, cfg, question_type=s.question_type))
+    remote = asyncio.run(run_episode(OpenAIBackend(servers.urls[0], logprobs=True), s.video, s.question, cfg,
+                                     question_type=s.question_type))
+    assert [t.generation.text for t in remote.turns] == [t.generation.text for t in local.turns]
+    a, drift_a = episode_sequences(local, 0.5, hf.renderer, anchoring="token")
+    b, drift_b = episode_sequences(remote, 0.5, hf.renderer, anchoring="token")
+    assert drift_a == drift_b and len(a) == len(b) and any(s.kind == "sub" for s in a)
+    for x, y in zip(a, b):
+        assert (x.kind, x.ids, x.mask, x.advantages) == (y.kind, y.ids, y.mask, y.advantages)
+        np.testing.assert_allclose(x.old_logprobs, y.old_logprobs, atol=1e-4)
+
+
+def test_a_dead_server_is_routed_around_then_dropped(servers, tmp_path):
+    """One server dies: requests go to the other, and the next sync drops it (the trainer goes on)."""
+    from paravt.models import load_model
+    from paravt.train.engine import init_engine
+
+    cfg = RolloutConfig(engine="servers", launch="paravt", devices=["cpu", "cpu"], start_timeout_s=300)
+    pair = RolloutServers.start(cfg, str(DEFAULT_MODEL), tmp_path / "logs")
+    try:
+        pair.procs[1].kill()
+        pair.procs[1].wait()
+        backend = pair.backend()
+        backend.backoff_s = 0.01
+        outs = asyncio.run(backend.generate([request() for _ in range(4)]))
+        assert all(o.token_ids for o in outs) and {o.served_by for o in outs} == {pair.urls[0]}
+        model, processor = load_model(str(DEFAULT_MODEL), device="cpu")
+        weights = write_sync_weights(init_engine("single", "cpu"), model, processor, tmp_path, "1")
+        pair.sync(weights, "1")
+        assert len(pair.urls) == 1
+        pair.procs[0].kill()
+        pair.procs[0].wait()
+        with pytest.raises(Exception, match="no rollout server is left"):
+            pair.sync(weights, "2")
+    finally:
+        pair.close()
+
+
+def test_grpo_with_two_rollout_servers_trains_and_resumes(split, tmp_path):
+    out = tmp_path / "run"
+
+    def train(steps: int) -> list[dict]:
+        opts = dict(model=DEFAULT_MODEL, data=split / "rl.parquet", out=out, steps=steps, prompts_per_step=2,
+                    rollouts_per_prompt=4, **{"episode.max_new_tokens": 48, "rollout.engine": "servers",
+                                              "rollout.launch": "paravt", "rollout.devices": "[cpu,cpu]"},
+                    device="cpu", threads=1, lr=1e-4, save_every=1)
+        args = [sys.executable, "-m", "paravt", "train", "grpo"] + [x for k, v in opts.items() for x in ("-o", f"{k}={v}")]
+        r = subprocess.run(args, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+
+    log = train(1)
+    log = train(2)  # resumes at step 1: the servers start from the checkpoint and are synced to it
+    assert [r["step"] for r in log] == [1, 2]
+    last = log[-1]
+    # step 2 rolled out on the synced weights: the trainer recomputes the servers' logprobs
+    assert last["logprob_drift"] < 1e-4 and last["episodes"] == 8 and last["sync_s"] > 0
+    assert sorted(p.name for p in (out / "sync").iterdir()) == ["1", "2"]
