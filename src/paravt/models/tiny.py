@@ -201,8 +201,11 @@ def save_pretrained(model, processor, path: str | Path, state_dict: dict | None 
     """Write a checkpoint directory laid out like Qwen's (config, safetensors, tokenizer, chat
     template, image and video preprocessor configs) that `load_model` reads offline. `state_dict`:
     the weights to write instead of the model's own (a sharded model's gathered parameters)."""
+    from transformers.utils import logging as hf_logging
+
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
+    hf_logging.disable_progress_bar()  # a bar per save floods the logs of a training run
     model.save_pretrained(path, safe_serialization=True, state_dict=state_dict)
     processor.save_pretrained(path)
     return path
