@@ -8,6 +8,7 @@ sequential figure is a lower bound: a real main agent adds N extra turns of gene
 Main-context token counts come from the hf backend's own renderer (the exact ids it would feed).
 
     .venv/bin/python benchmarks/bench_episode.py [--sub-tokens 64] [--repeats 3] [--frames 16] [--json out.json]
+    python benchmarks/bench_episode.py --arch 8b --device cuda --sub-tokens 256   # Qwen3-VL-8B's shape, random weights
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from paravt import protocol as P
 from paravt.agent import EpisodeConfig, run_episode
 from paravt.backends.hf import HFBackend
 from paravt.backends.scripted import ScriptedBackend
-from paravt.models.tiny import build_tiny
+from paravt.models.tiny import build_8b_random, build_tiny
 from paravt.synth.render import make_spec, write_video
 from paravt.video import VideoReader
 
@@ -63,8 +64,16 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=16, help="overview K")
     ap.add_argument("--max-n", type=int, default=5)
     ap.add_argument("--json", default=None, help="also write the rows here")
+    ap.add_argument("--arch", choices=["tiny", "8b"], default="tiny")
+    ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
-    model, processor = build_tiny(seed=0)
+    if args.arch == "8b":
+        import torch
+
+        model, processor = build_8b_random(device=args.device, dtype=torch.bfloat16)
+    else:
+        model, processor = build_tiny(seed=0)
+        model.to(args.device)
     video = write_video(make_spec(5, min_len=300, max_len=300), Path(tempfile.mkdtemp()) / "bench.mp4")
     reader = VideoReader(video)
     episode(model, processor, reader, "parallel", [(20.0, 30.0)], args.frames, 4)  # warm-up
@@ -85,8 +94,8 @@ def main() -> None:
         rows.append(row)
     reader.close()
 
-    table = Table(title=f"episode wall time (median of {args.repeats}) and the final main context; tiny Qwen3-VL, "
-                        f"CPU, K={args.frames}, 10 s crops, {args.sub_tokens} tokens per sub-agent")
+    table = Table(title=f"episode wall time (median of {args.repeats}) and the final main context; {args.arch} Qwen3-VL, "
+                        f"{args.device}, K={args.frames}, 10 s crops, {args.sub_tokens} tokens per sub-agent")
     for col in ("N", "parallel s", "sequential s", "seq/par", "par main tokens (visual)",
                 "inline main tokens (visual)", "sub batches par", "sub batches seq"):
         table.add_column(col, justify="right")

@@ -197,6 +197,57 @@ def build_tiny(seed: int = 0, size: str = "tiny"):
     return model, processor
 
 
+# Qwen3-VL-8B-Instruct's published architecture (its config.json): the model of the paper, built
+# with random weights for memory and speed figures where the checkpoint is not at hand.
+QWEN3_VL_8B = dict(
+    text=dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+              num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=262144,
+              rms_norm_eps=1e-6, tie_word_embeddings=False,
+              rope_parameters={"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [24, 20, 20],
+                               "mrope_interleaved": True}),
+    vision=dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, in_channels=3, patch_size=16,
+                spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=4096, num_position_embeddings=2304,
+                deepstack_visual_indexes=[8, 16, 24]),
+)
+
+
+def build_8b_random(device: str = "cpu", dtype=torch.bfloat16, seed: int = 0):
+    """(model, processor): Qwen3-VL-8B's architecture with random weights, made directly on `device`
+    (8.77 B parameters: 17.5 GB in bf16), and the tiny tokenizer and processor (whose special-token
+    ids the config uses; token ids only index the real-size vocabulary)."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    tokenizer = build_tokenizer()
+    processor = build_processor(tokenizer)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL}
+    config = Qwen3VLConfig(
+        text_config=dict(QWEN3_VL_8B["text"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
+                         bos_token_id=None),
+        vision_config=dict(QWEN3_VL_8B["vision"]), image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False)
+    with torch.device("meta"):
+        model = Qwen3VLForConditionalGeneration(config)
+    model.to_empty(device=device)
+    torch.manual_seed(seed)
+    with torch.no_grad():  # small random weights (unit norms), so activations stay finite in bf16
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or ".norm" in name and name.endswith("weight"):
+                p.fill_(1.0)
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.normal_(0.0, 0.02)
+        for name, b in model.named_buffers():
+            if "inv_freq" in name:  # rotary tables are computed at init: recompute them on the device
+                dim = b.numel() * 2
+                base = QWEN3_VL_8B["text"]["rope_parameters"]["rope_theta"] if "language" in name else 10000.0
+                b.copy_(1.0 / (base ** (torch.arange(0, dim, 2, device=b.device, dtype=torch.float32) / dim)))
+    model.to(dtype)
+    model.eval()
+    return model, processor
+
+
 def save_pretrained(model, processor, path: str | Path, state_dict: dict | None = None) -> Path:
     """Write a checkpoint directory laid out like Qwen's (config, safetensors, tokenizer, chat
     template, image and video preprocessor configs) that `load_model` reads offline. `state_dict`:

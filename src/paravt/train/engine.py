@@ -117,7 +117,8 @@ class Engine:
         if frozen:
             model.requires_grad_(False).eval()
         elif self.activation_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+            enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.kind == "fsdp":
             return _shard(model, self)
         if self.kind == "ddp" and not frozen:

@@ -1,0 +1,154 @@
+"""One PARA-GRPO update of Qwen3-VL-8B's architecture (random weights) at the paper's sequence
+lengths: peak GPU memory, update tokens/s and model FLOPs utilisation. Run it on the GPU(s) it is
+about; `--arch tiny` runs the same code on a CPU in seconds.
+
+    python benchmarks/bench_update.py --arch 8b                          # one GPU: FSDP, act. ckpt
+    python benchmarks/bench_update.py --arch 8b --cpu-offload --dtype bf16
+    torchrun --nproc_per_node 8 benchmarks/bench_update.py --arch 8b      # 8 GPUs: the sequences split
+    python benchmarks/bench_update.py --arch tiny --device cpu             # the code path, on a CPU
+
+The step's sequences are those of `--prompts` x `--rollouts` episodes: each a main trajectory
+(system + tools, K overview frames of 224x224 with timestamps, three generated turns of
+`--turn-tokens`, two rounds of five summaries) and `--subs` sub-agent sequences (16 frames, a
+`--sub-tokens` summary), token ids random, frames random pixels. They go through the trainer's own
+`train.grpo._update` (PPO-clip, k3 KL to a frozen sharded reference, token-mean over processes)
+with micro-batches of one sequence.
+
+FLOPs counted per processed token: 6 x parameters (forward and backward of the policy) + 2 x
+parameters (the reference's forward) + 2 x parameters (the recompute of activation checkpointing,
+when on); attention's quadratic term is left out (small at these lengths). MFU divides by the
+device's dense bf16 peak (--peak-tflops, default 989 for an H100 SXM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+import torch
+
+
+def sequences(renderer, args, rng):
+    """Synthetic TrainSequences with the ids layout of real episodes (images where the renderer puts them)."""
+    from paravt.backends.base import ImagePart, Message, TextPart
+    from paravt.train.sequences import TrainSequence
+
+    vocab = [i for i in range(200, len(renderer.tok))]
+
+    def text(n: int) -> list[int]:
+        return [int(x) for x in rng.choice(vocab, size=n)]
+
+    def frames(n: int, side: int):
+        parts = []
+        for i in range(n):
+            parts += [TextPart(f"<{i * 2.5:.1f} seconds>"), ImagePart(rng.integers(0, 256, (side, side, 3), np.uint8))]
+        return parts
+
+    out = []
+    for _ in range(args.prompts * args.rollouts):
+        r = renderer.render([Message("system", "x"), Message("user", frames(args.frames, args.side))])
+        prompt = r.ids + text(args.system_tokens)
+        ids, mask = list(prompt), [0] * len(prompt)
+        for turn in range(3):  # generated turns, each followed (but the last) by a round of summaries
+            gen = text(args.turn_tokens)
+            ids += gen
+            mask += [1] * len(gen)
+            if turn < 2:
+                resp = text(5 * args.summary_tokens)
+                ids += resp
+                mask += [0] * len(resp)
+        lp = [-1.0] * len(ids)
+        adv = [float(rng.normal()) if m else 0.0 for m in mask]
+        out.append(TrainSequence(ids, mask, lp, adv, r.images, "main"))
+        for _ in range(args.subs):
+            s = renderer.render([Message("user", frames(16, args.side))])
+            gen = text(args.sub_tokens)
+            ids = s.ids + gen
+            out.append(TrainSequence(ids, [0] * len(s.ids) + [1] * len(gen), [-1.0] * len(ids),
+                                     [0.0] * len(s.ids) + [float(rng.normal())] * len(gen), s.images, "sub"))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", choices=["8b", "tiny"], default="8b")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="master weights (compute is bf16 on GPUs)")
+    ap.add_argument("--cpu-offload", action="store_true")
+    ap.add_argument("--no-activation-checkpointing", action="store_true")
+    ap.add_argument("--prompts", type=int, default=1)
+    ap.add_argument("--rollouts", type=int, default=8)
+    ap.add_argument("--frames", type=int, default=64)
+    ap.add_argument("--side", type=int, default=224)
+    ap.add_argument("--system-tokens", type=int, default=700)
+    ap.add_argument("--turn-tokens", type=int, default=512)
+    ap.add_argument("--summary-tokens", type=int, default=200)
+    ap.add_argument("--subs", type=int, default=5)
+    ap.add_argument("--sub-tokens", type=int, default=256)
+    ap.add_argument("--peak-tflops", type=float, default=989.0)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    from paravt.backends.hf import Renderer
+    from paravt.models.tiny import build_8b_random, build_tiny
+    from paravt.train.checkpoint import make_optimizer
+    from paravt.train.engine import init_engine, param_bytes
+    from paravt.train.grpo import GRPOConfig, _update
+
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    cfg = GRPOConfig(device="cuda" if cuda else "cpu", engine="fsdp", mixed_precision="bf16" if cuda else "no",
+                     dtype=args.dtype, activation_checkpointing=not args.no_activation_checkpointing,
+                     cpu_offload=args.cpu_offload, micro_batch_size=1, lr=2e-6, kl_coef=0.01)
+    engine = init_engine(cfg.engine, cfg.device, cfg.mixed_precision,
+                         activation_checkpointing=cfg.activation_checkpointing, cpu_offload=cfg.cpu_offload)
+    dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
+    build_on = "cpu" if (args.cpu_offload or not cuda) else str(engine.device)
+
+    def build():
+        if args.arch == "8b":
+            return build_8b_random(device=build_on, dtype=dtype)
+        m, p = build_tiny(seed=0)
+        return m.to(device=build_on, dtype=dtype), p
+
+    model, processor = build()
+    n_params = sum(p.numel() for p in model.parameters())
+    model.train()
+    model = engine.prepare(model)
+    ref, _ = build()
+    ref = engine.prepare(ref.to(torch.bfloat16 if cuda else dtype), frozen=True)
+    renderer = Renderer(processor)
+    params, opt, _ = make_optimizer(model, cfg)
+    seqs = sequences(renderer, args, np.random.default_rng(engine.rank))
+    mine = seqs[engine.rank::engine.world]
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    metrics = _update(cfg, engine, model, model, ref, renderer, opt, params, mine, 0)
+    if cuda:
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t
+    tokens = engine.all_sum(sum(len(s.ids) for s in mine))
+    per_token = (6 + 2 + (2 if cfg.activation_checkpointing else 0)) * n_params
+    mfu = tokens * per_token / wall / (args.peak_tflops * 1e12 * engine.world)
+    row = {"arch": args.arch, "params_b": n_params / 1e9, "processes": engine.world, "device": str(engine.device),
+           "master_dtype": args.dtype, "cpu_offload": args.cpu_offload,
+           "activation_checkpointing": cfg.activation_checkpointing, "sequences": len(seqs),
+           "main_tokens": len(seqs[0].ids), "tokens": int(tokens), "trained_tokens": metrics["trained_tokens"],
+           "update_s": wall, "tokens_per_s": tokens / wall, "mfu": mfu if cuda else None,
+           "param_bytes_per_process_gb": param_bytes(model) / 2**30,
+           "peak_gpu_gb": torch.cuda.max_memory_allocated() / 2**30 if cuda else None, "loss": metrics["loss"]}
+    if engine.main:
+        print(json.dumps(row, indent=1))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(row, f, indent=1)
+    engine.close()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()
