@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from paravt.video import VideoError, VideoReader, overview_times, resize_to_budget, sample_times
-from videotools import decode_stripe, make_audio_only, make_test_video
+from videotools import decode_stripe, make_audio_only, make_test_video, noisy_stripe_frame
 
 FPS = 10
 
@@ -288,3 +288,248 @@ def test_context_manager_closes(tmp_path):
         assert len(r.crop(0, 2)) == 2
     assert r._containers == []
     assert len(r.overview(2)) == 2  # reopens lazily after close
+
+
+# ---------- MPEG-TS: seeks without an index ----------
+
+TS_SECONDS = 30
+TS_FRAMES = TS_SECONDS * FPS
+
+
+def true_nearest(t: float, n: int = TS_FRAMES) -> int:
+    """Index of the frame (at i / FPS) nearest t; the tests ask for times that are never ties."""
+    return min(max(int(round(t * FPS)), 0), n - 1)
+
+
+def assert_exact(frames, asked, n: int = TS_FRAMES):
+    """Every frame is the file's nearest to its request, shows that frame, and says so."""
+    assert len(frames) == len(asked)
+    for t, f in zip(asked, frames):
+        idx = decode_stripe(f.image)
+        assert (idx, f.timestamp) == (true_nearest(t, n), pytest.approx(true_nearest(t, n) / FPS, abs=1e-3)), t
+        assert f.requested == pytest.approx(t) and not f.substituted, t
+
+
+@pytest.fixture(scope="module",
+                params=[(20, 0, False), (20, 3, True), (251, 0, False), (251, 3, True)],
+                ids=["gop2s", "gop2s-bframes-offset", "keys-0-and-25s", "keys-0-and-25s-bframes-offset"])
+def ts_video(request, tmp_path_factory):
+    """30 s H.264 in MPEG-TS: a keyframe every 2 s, or only at 0 and 25.1 s; with B-frames and
+    timestamps from 1.4 s (as ffmpeg's CLI writes TS), the first frame is at 1.6 s of stream time."""
+    gop, bframes, offset = request.param
+    path = tmp_path_factory.mktemp("ts") / f"g{gop}_b{bframes}.ts"
+    return make_test_video(path, seconds=TS_SECONDS, fps=FPS, gop=gop, bframes=bframes,
+                           options={"max_delay": "700000"} if offset else None)
+
+
+def test_ts_overview_and_crops_are_exact(ts_video):
+    r = VideoReader(ts_video)
+    assert r.duration == pytest.approx(TS_SECONDS, abs=0.11)
+    for k in (8, 16):
+        assert_exact(r.overview(k), overview_times(r.duration, k))
+    for a, b in [(0, 5), (27, 30), (12.3, 19.9), (24.6, 25.8)]:
+        assert_exact(r.crop(a, b), sample_times(a, b, duration=r.duration))
+
+
+def test_ts_random_access_is_exact(ts_video):
+    r = VideoReader(ts_video)
+    rng = np.random.default_rng(1)
+    asked = [float(t) for t in rng.uniform(0, TS_SECONDS - 0.05, 12)] + [0.0, 0.01, 25.12, 29.9]
+    assert_exact(r.frames_at(asked), asked)
+    for t in asked[:4]:  # one at a time: every call seeks afresh
+        assert_exact(r.frames_at([t]), [t])
+
+
+# ---------- rotation (display matrix) ----------
+
+def quadrant_frame(i: int, height: int = 64, width: int = 96) -> np.ndarray:
+    """White top-left quadrant, grey top-right, black bottom: tells the four turns apart."""
+    img = np.zeros((height, width, 3), np.uint8)
+    img[: height // 2, : width // 2] = 255
+    img[: height // 2, width // 2 :] = 128
+    return img
+
+
+def quadrant_means(img: np.ndarray) -> list[int]:
+    h, w = img.shape[0] // 2, img.shape[1] // 2
+    return [int(round(q.mean() / 32)) for q in (img[:h, :w], img[:h, w:], img[h:, :w], img[h:, w:])]
+
+
+@pytest.mark.parametrize("degrees", [90, -90, 180, 270])
+def test_rotated_video_is_returned_upright(tmp_path, degrees):
+    import av
+
+    if not hasattr(av.video.stream.VideoStream, "set_display_rotation"):
+        pytest.skip("this PyAV cannot write a display matrix")
+    p = make_test_video(tmp_path / f"rot{degrees}.mp4", seconds=1, fps=FPS, frames=quadrant_frame, rotation=degrees)
+    r = VideoReader(p)
+    turns = (degrees // 90) % 4  # counter-clockwise quarter turns, as FFmpeg defines the matrix
+    upright = np.rot90(quadrant_frame(0), turns)
+    info = r.probe()
+    assert (info.height, info.width) == upright.shape[:2]
+    assert r.frame_size == upright.shape[:2]
+    for f in r.overview(2) + r.crop(0, 1):
+        assert f.image.shape == upright.shape
+        assert f.image.flags["C_CONTIGUOUS"]
+        assert quadrant_means(f.image) == quadrant_means(upright)
+
+
+# ---------- damaged files ----------
+
+def test_truncated_ts_first_half_is_usable(ts_video, tmp_path):
+    cut = tmp_path / "cut.ts"
+    data = ts_video.read_bytes()
+    cut.write_bytes(data[: len(data) // 2])
+    r = VideoReader(cut)
+    assert 12 < r.duration < 17  # the half that is there, not the 30 s of the timestamps' promise
+    n = int(round(r.duration * FPS))
+    asked = overview_times(r.duration, 8) + sample_times(0, 5) + sample_times(r.duration - 3.2, r.duration - 0.2)
+    frames = r.frames_at(asked)
+    assert_exact(frames, asked, n)
+
+
+@pytest.mark.parametrize("ext", ["mp4", "mkv", "ts"])
+def test_garbage_in_the_middle_is_skipped_and_flagged(tmp_path, ext):
+    """256 KiB of random bytes over the middle (about 15-24 s) of a 30 s file: frames near the
+    damage come from the nearest decodable neighbours, with their own true times, and say so."""
+    p = make_test_video(tmp_path / f"v.{ext}", seconds=TS_SECONDS, fps=FPS, gop=20, frames=noisy_stripe_frame)
+    data = bytearray(p.read_bytes())
+    assert len(data) > 3 * 256 * 1024
+    mid = len(data) // 2
+    data[mid : mid + 256 * 1024] = np.random.default_rng(7).integers(0, 256, 256 * 1024, np.uint8).tobytes()
+    bad = tmp_path / f"bad.{ext}"
+    bad.write_bytes(bytes(data))
+
+    r = VideoReader(bad)
+    assert r.duration == pytest.approx(TS_SECONDS, abs=0.11)
+    asked = overview_times(r.duration, 8)
+    frames = r.overview(8)
+    assert len(frames) == 8
+    for t, f in zip(asked, frames):
+        assert decode_stripe(f.image) == round(f.timestamp * FPS), (t, f.timestamp)  # true content, true time
+        assert f.requested == pytest.approx(t)
+        assert f.substituted == (decode_stripe(f.image) != true_nearest(t)), t  # flagged exactly when off
+    assert not any(f.substituted for f in frames[:4] + frames[7:])  # 1.9 ... 13.1 s and 28.1 s: exact
+    assert frames[4].substituted and frames[5].substituted  # 16.9 and 20.6 s: deep in the damage
+
+    inside = r.frames_at([18.04, 21.96])
+    assert all(f.substituted and decode_stripe(f.image) == round(f.timestamp * FPS) for f in inside)
+    for a, b in [(0, 5), (26, 30)]:  # away from the damage: exact
+        assert_exact(r.crop(a, b), sample_times(a, b))
+
+
+@pytest.fixture(scope="module")
+def noisy_sources(tmp_path_factory):
+    """30 s noisy-stripe videos, made once per (container, gop, codec/bframes)."""
+    made = {}
+
+    def get(ext: str, gop: int, codec: str, bframes: int) -> bytes:
+        if (ext, gop, codec, bframes) not in made:
+            path = tmp_path_factory.mktemp("src") / f"g{gop}_{codec}_b{bframes}.{ext}"
+            made[ext, gop, codec, bframes] = make_test_video(
+                path, seconds=TS_SECONDS, fps=FPS, gop=gop, codec=codec, bframes=bframes, frames=noisy_stripe_frame,
+                options={"max_delay": "700000"} if ext == "ts" and codec == "libx264" else None).read_bytes()
+        return made[ext, gop, codec, bframes]
+
+    return get
+
+
+def frames_present(path) -> list[int]:
+    """Indices of the frames whose packets are in the file (a cut file lacks the rest)."""
+    import av
+
+    with av.open(str(path)) as c:
+        s = c.streams.video[0]
+        tb, start = float(s.time_base), float((s.start_time or 0) * s.time_base)
+        return sorted({round((p.pts * tb - start) * FPS) for p in c.demux(s) if p.pts is not None})
+
+
+@pytest.mark.parametrize("ext,gop,codec,bframes,damage", [
+    ("mkv", 251, "libx264", 3, ("zeros", 139530, 188)),  # a damaged P-frame spoils the B-frames before it, unflagged
+    ("mkv", 251, "libx264", 3, ("zeros", 485343, 65536)),  # Matroska resyncs silently inside the one GOP
+    ("mkv", 251, "libx264", 0, ("random", 493802, 4096)),
+    ("mkv", 20, "libx264", 3, ("zeros", 180486, 262144)),  # B-frames after the last packet read are lost unseen
+    ("ts", 1, "mpeg4", 0, ("zeros", 837972, 65536)),  # the PES before a resync swallows the next frame's bytes
+    ("ts", 1, "libx264", 0, ("random", 311527, 4096)),  # a resync that loses two frames
+    ("ts", 1, "libx264", 3, ("zeros", 49911, 188)),
+    ("ts", 251, "libx264", 3, ("cut", 0.7, 0)),  # the last PES of a cut file is partial
+    ("ts", 251, "libx264", 3, ("cut", 0.823, 0)),
+], ids=["mkv-bref", "mkv-resync-in-gop", "mkv-resync-nobf", "mkv-lost-bframes", "ts-merged-pes", "ts-two-lost",
+        "ts-corrupt-cc", "ts-cut-a", "ts-cut-b"])
+def test_damage_never_returns_a_wrong_frame(noisy_sources, tmp_path, ext, gop, codec, bframes, damage):
+    """Every frame shows its own timestamp, and one not flagged substituted is the file's nearest.
+    Cases found by fuzzing (random damage over these files): byte offsets, or a fraction to cut at."""
+    kind, at, size = damage
+    data = bytearray(noisy_sources(ext, gop, codec, bframes))
+    where = at if kind == "cut" else at / len(data)
+    if kind == "cut":
+        data = data[: int(len(data) * at)]
+    else:
+        fill = np.random.default_rng(3).integers(0, 256, size, np.uint8).tobytes() if kind == "random" else bytes(size)
+        data[at : at + size] = fill[: len(data) - at]
+    p = tmp_path / f"bad.{ext}"
+    p.write_bytes(bytes(data))
+    r = VideoReader(p)
+    present = frames_present(p) if kind == "cut" else list(range(TS_FRAMES))
+    damaged_at = TS_SECONDS * where
+    singles = [t for t in damaged_at + np.array([-1.47, -0.52, -0.06, 0.33, 0.71, 1.38, 2.6]) if 0 <= t <= r.duration]
+    asked = [float(t) for t in np.arange(0.05, r.duration, 0.3)]
+    frames = r.frames_at(asked) + [r.frames_at([t])[0] for t in singles] + r.overview(8)
+    for f in frames:
+        idx = decode_stripe(f.image)
+        assert idx == round(f.timestamp * FPS), (f.requested, f.timestamp, idx)
+        if not f.substituted:
+            nearest = min(present, key=lambda i: (abs(i / FPS - f.requested), i))
+            assert abs(idx / FPS - f.requested) <= abs(nearest / FPS - f.requested) + 1e-6, (f.requested, idx, nearest)
+
+
+def test_b_frames_lost_at_the_end_are_flagged(noisy_sources, tmp_path):
+    """Garbage from 82 % to the end: the stream stops after a P-frame whose B-frames (shown
+    before it, sent after it) are gone; asking for their times gives neighbours, flagged."""
+    import av
+
+    data = bytearray(noisy_sources("ts", 251, "libx264", 3))
+    data[819901:] = np.random.default_rng(5).integers(0, 256, len(data) - 819901, np.uint8).tobytes()
+    p = tmp_path / "tail.ts"
+    p.write_bytes(bytes(data))
+    with av.open(str(p)) as c:
+        s = c.streams.video[0]
+        tb, start = float(s.time_base), float(s.start_time * s.time_base)
+        pkts = [(k.pts * tb - start, k.dts * tb - start) for k in c.demux(s) if k.pts is not None and k.dts is not None]
+    last_dts, top = pkts[-1][1], max(pts for pts, _ in pkts)
+    have = {round(pts * FPS) for pts, _ in pkts}
+    lost = [i / FPS for i in range(round(last_dts * FPS) + 1, round(top * FPS)) if i not in have]
+    assert lost  # the case this test is about
+    r = VideoReader(p)
+    for f in r.frames_at(lost):
+        assert f.substituted and decode_stripe(f.image) == round(f.timestamp * FPS), f.requested
+
+# ---------- bounds on the number of frames ----------
+
+def test_overview_k_is_capped_at_the_frame_count(tmp_path):
+    p = make_test_video(tmp_path / "short.mp4", seconds=10, fps=FPS)  # 100 frames
+    r = VideoReader(p)
+    for k in (1000, 100):
+        frames = r.overview(k)
+        assert [decode_stripe(f.image) for f in frames] == list(range(100))  # every frame once, in order
+        assert [f.timestamp for f in frames] == pytest.approx([i / FPS for i in range(100)], abs=1e-3)
+    frames = r.overview(99)
+    assert len(frames) == 99 and len({f.timestamp for f in frames}) == 99
+    for k in (0, -1, 10**6, 2.5):
+        with pytest.raises(VideoError) as e:
+            r.overview(k)
+        assert str(p) in str(e.value)
+
+
+def test_crop_count_is_capped_at_the_frames_in_the_window(tmp_path):
+    p = make_test_video(tmp_path / "short.mp4", seconds=10, fps=FPS)
+    r = VideoReader(p)
+    frames = r.crop(2.0, 2.3, num_frames=16)  # 3 frames in 0.3 s at 10 fps
+    assert [decode_stripe(f.image) for f in frames] == [20, 21, 22]
+    assert len(r.crop(0, 10, max_frames=64)) == 10  # 1 fps
+    assert len(r.crop(0, 10, fps=100, max_frames=1000)) == 100  # not more than the 100 frames
+    for call in (lambda: r.crop(0, 5, max_frames=10**6), lambda: r.crop(0, 5, max_frames=0),
+                 lambda: r.frames_at([1.0] * 20000)):
+        with pytest.raises(VideoError) as e:
+            call()
+        assert str(p) in str(e.value)

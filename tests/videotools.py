@@ -22,6 +22,15 @@ def stripe_frame(index: int, height: int = 64, width: int = 96) -> np.ndarray:
     return img
 
 
+def noisy_stripe_frame(index: int, height: int = 64, width: int = 96) -> np.ndarray:
+    """A stripe frame whose lower part is noise: about 3 KB per frame even in H.264, so a
+    test file is large enough to damage a few hundred KiB in its middle."""
+    img = stripe_frame(index, height, width)
+    top = height * 5 // 8
+    img[top:] = np.random.default_rng(index).integers(0, 256, (height - top, width, 3), np.uint8)
+    return img
+
+
 def decode_stripe(img: np.ndarray) -> int:
     """Read the index back from a (possibly resized) stripe frame."""
     h, w = img.shape[:2]
@@ -46,21 +55,30 @@ def make_test_video(
     bframes: int = 0,
     frames=None,
     times: list[float] | None = None,
+    options: dict | None = None,
+    rotation: int | None = None,
 ) -> Path:
-    """Write an MP4 whose frame i shows stripe i (or a plain moving pattern with stripe=False).
+    """Write a video whose frame i shows stripe i (or a plain moving pattern with stripe=False);
+    the container follows the suffix (.mp4, .mkv, .ts: MPEG-TS).
 
     gop=1: all keyframes; larger: long GOP. bframes > 0 (H.264 only) reorders frames so pts
     and dts differ. `times` (seconds, increasing) gives each frame its own pts: a
     variable-frame-rate file with len(times) frames; `seconds`/`fps` then only set the codec rate.
+    options: muxer options, e.g. {"max_delay": "700000"} for MPEG-TS timestamps that start at
+    1.4 s as ffmpeg's CLI writes them. rotation: a display matrix turning the picture this many
+    degrees counter-clockwise for display (a phone's portrait clip), as FFmpeg's
+    av_display_rotation_get reads it back; needs PyAV's VideoStream.set_display_rotation.
     """
     import av
 
     path = Path(path)
     h, w = size
     n = len(times) if times is not None else int(round(seconds * fps))
-    with av.open(str(path), mode="w") as out:
+    with av.open(str(path), mode="w", options=options or {}) as out:
         stream = out.add_stream(codec, rate=Fraction(fps, 1) if isinstance(fps, int) else fps)
         stream.width, stream.height = w, h
+        if rotation is not None:
+            stream.set_display_rotation(rotation)
         stream.pix_fmt = "yuv420p"
         stream.gop_size = gop
         if times is not None:

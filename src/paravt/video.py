@@ -22,14 +22,40 @@ overlaps crops.
 
 Timestamps come from pts * time_base, never index / fps, so variable-frame-rate files
 return the frames nearest the requested times.
+
+Seeking is checked, never trusted. MP4/MKV keep a keyframe index, and a seek lands on the
+index keyframe at or before the target. MPEG-TS (and other index-less containers) has none:
+FFmpeg seeks it by bisecting byte positions on timestamps and lands on any packet, often after
+the target, so the decoder would start at the next keyframe, seconds or a whole GOP late. So
+every seek is verified: the first frame decoded after it must not be after the target, else an
+earlier seek is tried, down to the file's start (see _land). Going back to the start is a
+seek far before the first timestamp, which every demuxer answers with the first packet.
+
+Damaged data is skipped, not fatal: after a demux or decode error, a corrupt packet or frame,
+or data a demuxer skipped silently (Matroska: a jump in byte positions; MPEG-TS: in dts),
+nothing is decoded until the next keyframe, because frames built on missing references come
+out of H.264's error concealment showing older pictures, mostly unflagged; B-frames are held
+until their backward references came out clean (see _Pass). A request whose nearer frames
+could not be decoded gets the nearest decodable frame, with its own true time and
+Frame.substituted set. A demuxer that stops at garbage (Matroska) is resumed past it. The MP4
+index (moov) itself is not recovered: without it the file is refused.
+
+Rotation: a display matrix (phones' portrait clips) is applied, so frames, probe() and
+frame_size are in the displayed orientation.
+
+Counts are bounded: overview(k) returns at most the video's frames (every frame once when
+k >= num_frames), a crop at most the frames in its window, and no call more than MAX_FRAMES.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import math
 import os
 import threading
+from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +67,13 @@ MIN_PIXELS = 784  # 28 * 28
 FACTOR = 32  # Qwen3-VL: patch 16 x spatial merge 2
 SEEK_COST = 0.5  # s of decoding a seek must skip to be worth it (flush + refill of the decoder)
 NO_INDEX_GAP = 2.0  # s; without a demuxer index, re-seek only past this gap
+MAX_FRAMES = 10000  # frames one call may return: ~1.5 GB at the default pixel budget
+REWIND = 1000.0  # s before the first timestamp: a seek there lands on the file's first packet
+GAP_STEP = 1.5  # MPEG-TS/PS: a dts step of more packet durations than this is lost data
+GAP_FRAMES = 4  # ... of more frame durations, for packets without a duration
+LOST_BYTES = 1024  # Matroska: bytes skipped between packets (headers take < 32) that mean a resync
+MAX_RESUMES = 256  # forward seeks to get past data a demuxer stopped at, per pass
+EPS = 1e-6  # s; timestamps closer than this are the same
 
 
 class VideoError(Exception):
@@ -52,14 +85,26 @@ class VideoInfo:
     duration: float
     fps: float
     num_frames: int
-    width: int
+    width: int  # as displayed (after the rotation of a display matrix)
     height: int
 
 
 @dataclass
 class Frame:
-    image: np.ndarray  # H x W x 3, uint8, RGB, already resized
-    timestamp: float  # seconds, of the decoded frame (not the requested time)
+    """One returned frame.
+
+    image: H x W x 3, uint8, RGB, upright, already resized.
+    timestamp: seconds from the video's start of the frame decoded (not the time asked for).
+    requested: the time asked for, or None where none was (overview returning every frame).
+    substituted: True when this is not the file's nearest frame to `requested` because the
+        nearer ones could not be decoded (damaged data): it is the nearest decodable one, and
+        `timestamp` is still its own true time, so the caller can tell how far off it is.
+    """
+
+    image: np.ndarray
+    timestamp: float
+    requested: float | None = None
+    substituted: bool = False
 
 
 def resize_to_budget(
@@ -100,9 +145,11 @@ def sample_times(
     max_frames: int = 16,
     num_frames: int | None = None,
     duration: float | None = None,
+    source_fps: float | None = None,
 ) -> list[float]:
     """Timestamps of a crop: `fps` frames per second of the window, at least 1 frame,
-    at most `max_frames` (or `num_frames` when given and not larger)."""
+    at most `max_frames` (or `num_frames` when given and not larger), and at most the frames
+    the window holds at the video's mean rate `source_fps` (more would repeat frames)."""
     if math.isnan(start) or math.isnan(end) or math.isinf(start):
         raise ValueError(f"times must be numbers, got start={start}, end={end}")
     if math.isinf(end) and duration is None:
@@ -120,8 +167,37 @@ def sample_times(
     else:
         n = int(math.floor((end - start) * fps))
         n = max(1, min(n, max_frames))
+    if source_fps:
+        n = max(1, min(n, math.floor((end - start) * source_fps + EPS)))
     step = (end - start) / n
     return [start + (i + 0.5) * step for i in range(n)]
+
+
+class _Losses:
+    """Stream times where a pass could not deliver frames: `points`, frames seen (their packets)
+    but not decodable; `spans`, open intervals where data was lost unseen (frames may be anywhere)."""
+
+    def __init__(self) -> None:
+        self.points: list[float] = []
+        self.spans: list[tuple[float, float]] = []
+
+    def add(self, t: float | None) -> None:
+        if t is not None:
+            bisect.insort(self.points, t)
+
+    def add_span(self, a: float, b: float) -> None:
+        if b > a:
+            self.spans.append((a, b))
+
+    def nearer(self, target: float, d: float) -> bool:
+        """Whether a frame that was lost may lie nearer to `target` than `d` seconds."""
+        d -= EPS
+        if d <= 0:
+            return False
+        j = bisect.bisect_right(self.points, target - d)
+        if j < len(self.points) and self.points[j] < target + d:
+            return True
+        return any(a < target + d and b > target - d for a, b in self.spans)
 
 
 class VideoReader:
@@ -150,6 +226,8 @@ class VideoReader:
         self._local = threading.local()
         self._containers: list = []
         self._lock = threading.Lock()
+        self._active = 0  # decodes running on the pool: close() waits for them (see close)
+        self._closing = False
         self.frames_decoded = 0  # counter for tests and benchmarks (approximate under threads)
         self._check_file()
         self._info = self._probe()
@@ -190,6 +268,12 @@ class VideoReader:
     def _probe(self) -> VideoInfo:
         c = self._container()
         s = c.streams.video[0]
+        # Before any seek: seeking an MPEG-TS fills its index with guesses (every packet a "keyframe").
+        self._indexed = len(getattr(s, "index_entries", ())) > 0
+        fmt = c.format.name or ""
+        self._resync = "bytes" if "matroska" in fmt else "dts" if fmt in ("mpegts", "mpeg") else None
+        size = self.path.stat().st_size
+        self._cut = fmt == "mpegts" and all(size % n for n in (188, 192, 204))  # ends inside a TS packet
         fps = float(s.average_rate or s.guessed_rate or 0) or 0.0
         duration = None
         if s.duration is not None and s.time_base is not None:
@@ -202,38 +286,72 @@ class VideoReader:
         # that its stated duration is real: a truncated file states more than it has.
         # Only the tail is read when a duration is stated (a long file is not scanned whole).
         last_pts, count = None, 0
-        try:
-            # tail first; the whole stream only if the tail holds nothing (file cut short)
-            for scan_from in ([max(duration - 10.0, 0.0), None] if duration else [None]):
-                if scan_from is not None:
-                    c.seek(int(scan_from / float(s.time_base)), stream=s, backward=True, any_frame=False)
-                elif duration:
-                    c.seek(0, stream=s, backward=True, any_frame=False)
-                for packet in c.demux(s):
-                    if packet.pts is not None:
-                        t = float(packet.pts * s.time_base)
-                        last_pts = t if last_pts is None else max(last_pts, t)
-                        count += 1
-                if count:
-                    break
-        except Exception as e:
-            raise VideoError(f"{self.path}: corrupt or truncated video ({type(e).__name__}: {e})") from None
+        for scan_from in ([max(duration - 10.0, 0.0), None] if duration else [None]):
+            if scan_from is not None:
+                if not self._seek(c, s, scan_from + start):
+                    continue
+            elif duration:
+                self._rewind(c, s)
+            last_pts, count = self._scan_pts(c, s)
+            if count:
+                break
         if count == 0:
             raise VideoError(f"{self.path}: video stream holds no frames (truncated or empty)")
         frame_dur = 1.0 / fps if fps > 0 else 0.0
         measured = last_pts - start + frame_dur
         if duration is None or duration <= 0 or measured < duration - 2 * frame_dur:
             duration = measured
+            if fps > 0 and num_frames:  # a count stated for the whole file: cut to what is there
+                num_frames = min(num_frames, int(round(duration * fps)))
         if fps <= 0:
             fps = 25.0  # unknown rate: timestamps still come from pts, fps only sets the crop gap
-        self._start = start
+        self._start, self._last_pts, self._frame_dur = start, last_pts, 1.0 / fps
+        self._turns = self._probe_rotation(c, s)
+        self.frames_decoded = 0
         w, h = s.codec_context.width, s.codec_context.height
         if not w or not h:
             raise VideoError(f"{self.path}: video stream has no frame size")
+        if self._turns % 2:
+            w, h = h, w
         return VideoInfo(duration=duration, fps=fps, num_frames=num_frames or int(round(duration * fps)), width=w, height=h)
 
+    def _scan_pts(self, c, s) -> tuple[float | None, int]:
+        """Latest packet time (stream clock) and packet count from the current position to the end.
+        A demux error ends the scan (damaged data) but fails only if no packet came before it."""
+        last, count = None, 0
+        try:
+            for packet in c.demux(s):
+                if packet.pts is not None:
+                    t = float(packet.pts * s.time_base)
+                    last = t if last is None else max(last, t)
+                    count += 1
+        except Exception as e:
+            if count == 0:
+                raise VideoError(f"{self.path}: corrupt or truncated video ({type(e).__name__}: {e})") from None
+        return last, count
+
+    def _probe_rotation(self, c, s) -> int:
+        """Counter-clockwise quarter turns that bring a decoded frame upright: the display matrix
+        FFmpeg attaches to every frame (read off the first one), else the old `rotate` stream tag
+        (clockwise degrees). Mirroring matrices are not undone."""
+        degrees = 0.0
+        try:
+            self._rewind(c, s)
+            frames = self._clean_frames(c, s, _Losses(), self._start)
+            first = next(frames, None)
+            frames.close()
+            degrees = float(getattr(first[0], "rotation", 0) or 0) if first else 0.0
+        except Exception:  # undecodable start: reading frames will say so, with the time
+            pass
+        if not degrees:
+            try:
+                degrees = -float(s.metadata.get("rotate", 0))
+            except ValueError:
+                degrees = 0.0
+        return round(degrees / 90) % 4
+
     def probe(self) -> VideoInfo:
-        """Duration (s), mean fps, frame count and size, measured when the reader opened."""
+        """Duration (s), mean fps, frame count and displayed size, measured when the reader opened."""
         return self._info
 
     @property
@@ -245,31 +363,53 @@ class VideoReader:
         """(height, width) of returned frames."""
         return resize_to_budget(self._info.height, self._info.width, self.max_pixels, self.min_pixels, self.factor)
 
+    def _image(self, frame) -> np.ndarray:
+        """The frame resized to frame_size and turned upright."""
+        h, w = self.frame_size
+        if self._turns % 2:
+            h, w = w, h
+        img = frame.to_ndarray(format="rgb24", width=w, height=h, interpolation="BILINEAR")
+        return np.ascontiguousarray(np.rot90(img, self._turns)) if self._turns else img
+
+    def _count(self, n, what: str) -> int:
+        """A whole number of frames from 1 to MAX_FRAMES, or a VideoError (not a 1.5 GB allocation)."""
+        whole = isinstance(n, (int, np.integer)) or (isinstance(n, float) and n.is_integer())
+        if isinstance(n, bool) or not whole or not 1 <= n <= MAX_FRAMES:
+            raise VideoError(f"{self.path}: {what} must be a whole number from 1 to {MAX_FRAMES}, got {n!r}")
+        return int(n)
+
     # ---------- decoding ----------
     def frames_at(self, timestamps: list[float]) -> list[Frame]:
         """The decoded frames nearest each requested time (seconds from the video's start),
-        in request order; each Frame carries the decoded frame's own time (pts * time_base).
+        in request order; each Frame carries the decoded frame's own time (pts * time_base),
+        the time requested, and whether damage forced a farther frame (Frame.substituted).
         The primitive under overview() and crop(); see _decode_nearest for the seek policy.
         """
         if not timestamps:
             return []
+        if len(timestamps) > MAX_FRAMES:
+            raise VideoError(f"{self.path}: {len(timestamps)} frames asked for at once, more than {MAX_FRAMES}")
         d = self._info.duration
         for t in timestamps:
             if not (0 <= t <= d + 1e-6) or math.isnan(t):
                 raise VideoError(f"{self.path}: time {t:.2f}s is outside the video (0–{d:.2f}s)")
         order = sorted(range(len(timestamps)), key=lambda i: timestamps[i])
-        wanted = [timestamps[i] + self._start for i in order]
-        found = self._decode_nearest(wanted)
+        with self._lock:
+            self._active += 1
+        try:
+            found = self._decode_nearest([timestamps[i] + self._start for i in order])
+        finally:
+            self._done_decoding()
         out: list[Frame | None] = [None] * len(timestamps)
-        h, w = self.frame_size
         for j, i in enumerate(order):
-            frame, ts = found[j]
-            img = frame.to_ndarray(format="rgb24", width=w, height=h, interpolation="BILINEAR")
-            out[i] = Frame(image=img, timestamp=round(ts - self._start, 6))
+            img, t, substituted = found[j]
+            out[i] = Frame(image=img, timestamp=round(t - self._start, 6), requested=timestamps[i],
+                           substituted=substituted)
         return out  # type: ignore[return-value]
 
-    def _decode_nearest(self, wanted: list[float]) -> list[tuple]:
-        """For sorted target times (stream clock): (frame, time) of the decoded frame nearest each.
+    def _decode_nearest(self, wanted: list[float]) -> list[tuple[np.ndarray, float, bool]]:
+        """For sorted target times (stream clock): (image, time, substituted) of the decoded
+        frame nearest each.
 
         One forward pass serves every target it reaches; it breaks off and seeks only when
         the keyframe a seek would land on lies well past the frame just decoded, i.e. when
@@ -278,38 +418,20 @@ class VideoReader:
         """
         c = self._container()
         s = c.streams.video[0]
-        tb = float(s.time_base)
+        losses = _Losses()
         results: list = []
         i, n = 0, len(wanted)
         try:
             while i < n:
-                target = wanted[i]
-                # With B-frames a keyframe's pts is after its dts (what the index holds), so a
-                # seek can land one keyframe late; step back until the first frame is not after
-                # the target.
-                back = 0.0
-                for _ in range(4):
-                    seek_t = max(target - back, self._start)
-                    c.seek(round(seek_t / tb), stream=s, backward=True, any_frame=False)
-                    frames = c.decode(s)
-                    first = next((f for f in frames if f.pts is not None), None)
-                    if first is None or first.pts * tb <= target + 1e-9 or seek_t <= self._start:
-                        break
-                    back = max(1.0, 2 * back)
+                frames, first = self._land(c, s, wanted[i], losses)
                 if first is None:
-                    raise VideoError(f"{self.path}: no frame decodable near {target - self._start:.2f}s")
+                    raise VideoError(f"{self.path}: no frame decodable near {wanted[i] - self._start:.2f}s")
+                pick = _Picker(self, losses)
                 prev = None  # (frame, t) of the last frame before the current one
                 resolved = False  # a seek is followed by another only after it served a target
-                for frame in _chain(first, frames):
-                    if frame.pts is None:
-                        continue
-                    t = frame.pts * tb
-                    self.frames_decoded += 1
+                for frame, t in _chain(first, frames):
                     while i < n and t >= wanted[i]:  # resolve every target this frame passes
-                        if prev is not None and abs(prev[1] - wanted[i]) <= abs(t - wanted[i]):
-                            results.append(prev)
-                        else:
-                            results.append((frame, t))
+                        results.append(pick(wanted[i], prev, (frame, t)))
                         i += 1
                         resolved = True
                     if i >= n:
@@ -318,15 +440,96 @@ class VideoReader:
                     if resolved and self._seek_saves_work(t, wanted[i]):
                         break
                 else:
-                    # end of stream: the remaining targets get the last frame
-                    while i < n:
-                        results.append(prev)
+                    while i < n:  # end of stream: the remaining targets get the last frame
+                        results.append(pick(wanted[i], prev, None))
                         i += 1
+                frames.close()
         except VideoError:
             raise
-        except Exception as e:  # decoder errors in a damaged file
+        except Exception as e:  # the demuxer or decoder failing beyond what _clean_frames skips
             raise VideoError(f"{self.path}: decode failed ({type(e).__name__}: {e})") from None
         return results
+
+    def _land(self, c, s, target: float, losses: _Losses) -> tuple[Iterator, tuple | None]:
+        """Seek for `target` and check where it landed: the first frame decodable from there must
+        not be after the target, else an earlier seek is tried, down to the file's start (whose
+        first decodable frame is taken as it is). Returns the frames after the first, and the first."""
+        for seek_t in self._seek_points(target):
+            if seek_t is None:
+                self._rewind(c, s)
+                frames = self._clean_frames(c, s, losses, self._start)
+            elif self._seek(c, s, seek_t):
+                frames = self._clean_frames(c, s, losses, seek_t, key_by=target)
+            else:
+                continue
+            first = next(frames, None)
+            if seek_t is None or (first is not None and first[1] <= target + EPS):
+                return frames, first
+            frames.close()
+        raise AssertionError("unreachable: _seek_points ends with the rewind")
+
+    def _seek_points(self, target: float) -> Iterator[float | None]:
+        """Seek times for `target`, most promising first, then None: rewind to the start.
+
+        With an index: the target, then ever earlier (a seek lands one keyframe late when a
+        keyframe's pts is after its dts, the index's time, or where the keyframe is damaged),
+        skipping times whose landing keyframe was tried already. Without one the landing is a
+        guess, so: 1, 2, 4, ... s before the target.
+        """
+        tried = set()
+        back = 0.0 if self._indexed else 1.0
+        while target - back > self._start:
+            t = target - back
+            key = self._keyframe_before(t) if self._indexed else t
+            if key not in tried:
+                tried.add(key)
+                yield t
+            back = max(1.0, 2 * back)
+        yield None
+
+    def _seek(self, c, s, t: float) -> bool:
+        """Backward seek to `t` (stream clock); False where the demuxer refuses (a TS whose
+        timestamps it cannot find by bisection), which callers treat as a landing that failed."""
+        try:
+            c.seek(round(t / float(s.time_base)), stream=s, backward=True, any_frame=False)
+            return True
+        except Exception:
+            return False
+
+    def _rewind(self, c, s) -> None:
+        """To the first packet: a seek before the first timestamp (a seek *to* the first
+        timestamp in an MPEG-TS can land a few packets in, past the first keyframe), else to
+        byte 0 (formats that seek by bytes)."""
+        if self._seek(c, s, self._start_time(s) - REWIND):
+            return
+        try:
+            c.seek(0, stream=s, unsupported_byte_offset=True)
+        except Exception as e:
+            raise VideoError(f"{self.path}: cannot seek to the start ({type(e).__name__}: {e})") from None
+
+    def _start_time(self, s) -> float:
+        return float(s.start_time * s.time_base) if s.start_time is not None else 0.0
+
+    def _clean_frames(self, c, s, losses: _Losses, origin: float, key_by: float | None = None) -> Iterator[tuple]:
+        """(frame, time) of the frames decodable from the current position, in time order; see _Pass."""
+        return iter(_Pass(self, c, s, losses, origin, key_by))
+
+    def _resume_points(self, s, after: float) -> Iterator[float]:
+        """Seek times past `after` to resume a stream that stopped early: the index's next
+        keyframes, or without an index steps growing from 1 s."""
+        tb = float(s.time_base)
+        if self._indexed:
+            entries = s.index_entries
+            ts = math.floor(after / tb) + 1
+            while (j := entries.search_timestamp(ts, backward=False)) >= 0:
+                e = entries[j]
+                yield e.timestamp * tb
+                ts = e.timestamp + 1
+            return
+        step = 1.0
+        while after + step <= self._last_pts:
+            yield after + step
+            step *= 1.5
 
     def _seek_saves_work(self, t: float, target: float) -> bool:
         """Whether seeking for `target` skips more than SEEK_COST seconds of decoding from `t`."""
@@ -339,7 +542,10 @@ class VideoReader:
 
     def _keyframe_before(self, target: float) -> float | None:
         """Time (stream clock) of the keyframe a backward seek to `target` lands on, from the
-        demuxer's index (MP4/MKV keep one in memory after opening; nothing is read)."""
+        demuxer's index (MP4/MKV keep one in memory after opening; nothing is read). None
+        without an index: what an MPEG-TS demuxer fills in while seeking is guesswork."""
+        if not self._indexed:
+            return None
         s = self._container().streams.video[0]
         entries = s.index_entries
         if len(entries) == 0:
@@ -349,21 +555,45 @@ class VideoReader:
             return self._start
         return float(entries[j].timestamp * s.time_base)
 
-    def overview(self, k: int) -> list[Frame]:
-        """k frames spread over the whole video, one from the middle of each of k equal segments."""
+    def _every_frame(self) -> list[Frame]:
+        """Every decodable frame once, in time order: one pass from the start."""
+        c = self._container()
+        s = c.streams.video[0]
+        out = []
         try:
-            times = overview_times(self._info.duration, k)
-        except ValueError as e:
-            raise VideoError(f"{self.path}: bad overview: {e}") from None
-        return self.frames_at(times)
+            self._rewind(c, s)
+            for frame, t in self._clean_frames(c, s, _Losses(), self._start):
+                out.append(Frame(image=self._image(frame), timestamp=round(t - self._start, 6)))
+        except VideoError:
+            raise
+        except Exception as e:
+            raise VideoError(f"{self.path}: decode failed ({type(e).__name__}: {e})") from None
+        if not out:
+            raise VideoError(f"{self.path}: no frame decodable")
+        return out
+
+    def overview(self, k: int) -> list[Frame]:
+        """k frames spread over the whole video, one from the middle of each of k equal segments.
+
+        k >= num_frames returns every frame once, in order (so at most the frames the video has,
+        with requested=None): sampling more would return repeats. k must be 1..MAX_FRAMES.
+        """
+        k = self._count(k, "overview k")
+        if k >= self._info.num_frames:
+            return self._every_frame()
+        return self.frames_at(overview_times(self._info.duration, k))
 
     def crop(
         self, start: float, end: float, fps: float = 1.0, max_frames: int = 16, num_frames: int | None = None
     ) -> list[Frame]:
-        """Frames of [start, end] at `fps` (>= 1, <= max_frames; see sample_times); end is
-        clamped to the duration; start >= end, start >= duration or a negative time is a VideoError."""
+        """Frames of [start, end] at `fps` (>= 1, <= max_frames, <= the frames in the window at the
+        video's mean rate; see sample_times); end is clamped to the duration; start >= end,
+        start >= duration or a negative time is a VideoError, and so is max_frames outside
+        1..MAX_FRAMES."""
+        max_frames = self._count(max_frames, "crop max_frames")
         try:
-            times = sample_times(start, end, fps, max_frames, num_frames, duration=self._info.duration)
+            times = sample_times(start, end, fps, max_frames, num_frames, duration=self._info.duration,
+                                 source_fps=self._info.fps)
         except ValueError as e:
             raise VideoError(f"{self.path}: bad crop [{start}, {end}]: {e}") from None
         return self.frames_at(times)
@@ -382,13 +612,31 @@ class VideoReader:
         return await loop.run_in_executor(_pool(), lambda: self.crop(start, end, fps, max_frames, num_frames))
 
     def close(self) -> None:
+        """Release the decoders. A decode still running (an episode cancelled or timed out while
+        its crop decodes on the pool) keeps its container until it ends: closing a container
+        under a running FFmpeg decode crashes the process. The last decode to finish closes them.
+        A closed reader reopens its decoders when used again."""
         with self._lock:
-            for c in self._containers:
-                try:
-                    c.close()
-                except Exception:
-                    pass
-            self._containers.clear()
+            self._closing = True
+            if self._active:
+                return
+            self._close_containers()
+
+    def _done_decoding(self) -> None:
+        with self._lock:
+            self._active -= 1
+            if self._closing and not self._active:
+                self._close_containers()
+
+    def _close_containers(self) -> None:
+        """With the lock held and no decode running."""
+        self._closing = False
+        for c in self._containers:
+            try:
+                c.close()
+            except Exception:
+                pass
+        self._containers.clear()
         self._local = threading.local()
 
     def __enter__(self) -> "VideoReader":
@@ -400,6 +648,308 @@ class VideoReader:
     def __repr__(self) -> str:
         i = self._info
         return f"VideoReader({str(self.path)!r}, {i.duration:.1f}s, {i.width}x{i.height}@{i.fps:.2f})"
+
+
+class _Picker:
+    """Chooses between the frames around a target and converts the choice once (consecutive
+    targets often share a frame)."""
+
+    def __init__(self, reader: VideoReader, losses: _Losses) -> None:
+        self.reader, self.losses = reader, losses
+        self.last = (None, None)
+
+    def __call__(self, target: float, prev: tuple | None, cur: tuple | None) -> tuple[np.ndarray, float, bool]:
+        frame, t = cur if prev is None or (cur is not None and abs(cur[1] - target) < abs(prev[1] - target)) else prev
+        if self.last[0] is frame:  # a repeat gets its own copy: callers may draw on images
+            img = self.last[1].copy()
+        else:
+            img = self.reader._image(frame)
+            self.last = (frame, img)
+        return img, t, self.losses.nearer(target, abs(t - target))
+
+
+class _Pass:
+    """One forward read from the container's position: (frame, time) of clean frames, in time order.
+
+    Decoders conceal damage with older pictures and flag only some of it (under frame threads,
+    not even reliably), so frames are trusted by rule, not by flag:
+    - after the seek, and after damage (a demux or decode error, a corrupt packet or frame, or
+      data the demuxer skipped silently, see _skipped) the decoder is flushed and fed nothing
+      before the next keyframe, so no frame is built on missing references;
+    - a frame is held until the frames it may predict from backwards (B-frames: fed earlier,
+      later time) came out clean, and dropped if one did not;
+    - in MPEG-TS/PS a frame is held until the next packet is read: the packet before a resync,
+      and the last one of a file cut inside a TS packet, hold bytes of other frames.
+    Frames due but not delivered go to `losses`. A stream that ends before the probed end (a
+    Matroska demuxer stops at garbage) is resumed by seeking forward past the damage.
+    origin: the time sought (stream clock). key_by: end at once if packets pass this time
+    before any keyframe: the seek landed too late (see VideoReader._land).
+    """
+
+    def __init__(self, reader: VideoReader, c, s, losses: _Losses, origin: float, key_by: float | None) -> None:
+        self.r, self.c, self.s, self.losses, self.origin, self.key_by = reader, c, s, losses, origin, key_by
+        self.tb, self.index = float(s.time_base), s.index
+        self.need_key = True  # after a seek or damage: feed nothing before a keyframe
+        self.drop = (-math.inf, -math.inf)  # frames timed inside are spoiled (open-GOP leaders after a loss)
+        self.fed_key: float | None = None  # latest keyframe fed (decoders output a few frames late)
+        self.pending: list[float] = []  # times of packets fed whose frames have not come out, in feed order
+        self.held: list[tuple] = []  # (frame, time, references not yet out): clean frames not yet trusted
+        self.last_out = -math.inf
+        self.frontier: float | None = None  # latest packet time read
+        self.span_open: float | None = None  # start of data lost unseen, closed by the next packet after it
+        self.last_dts: int | None = None
+        self.prev_dur = 0.0
+        self.byte_end: int | None = None  # end of the last packet read, any stream
+        self.bytes_skipped = False  # the demuxer skipped bytes since our last packet
+        self.last_pkt: float | None = None  # time of our last packet read
+        self.bad: set[float] = set()  # frames not to deliver when they come out
+        self.lookahead = reader._resync == "dts"  # a TS packet is trusted once the next one is read
+        self.recent: deque[float] = deque(maxlen=32)  # times of the last packets read
+
+    def __iter__(self) -> Iterator[tuple]:
+        resumes, tries = None, 0
+        while True:
+            before = self.frontier
+            self.last_dts = self.byte_end = None
+            for packet in _demux(self.c):
+                if packet is not None and packet.stream_index != self.index:
+                    self._follow_bytes(packet)
+                    continue
+                previous = self.last_pkt
+                frames = self._feed(packet)
+                if frames is None:  # landed too late
+                    return
+                if self.lookahead and previous is not None and self.last_pkt != previous:
+                    yield from self._release(("next", previous))  # the packet before this one is sound
+                yield from self._accept(frames)
+            # the stream ended: at the probed end, or early, stopped by damage
+            if self.lookahead and self.last_pkt is not None:
+                if self.r._cut:  # the last PES is partial
+                    self._distrust(self.last_pkt)
+                yield from self._release(("next", self.last_pkt))
+            self._lose_pending()
+            reach = self.frontier if self.frontier is not None else self.origin
+            if reach >= self.r._last_pts - self.r._frame_dur / 2:
+                if self.span_open is not None:
+                    self.losses.add_span(self.span_open, math.inf)
+                return
+            if resumes is None or self.frontier != before:  # fresh seek points after progress
+                resumes = self.r._resume_points(self.s, reach)
+            t, tries = next(resumes, None), tries + 1
+            if t is None or tries > MAX_RESUMES:
+                self.losses.add_span(self.span_open if self.span_open is not None else reach, math.inf)
+                return
+            self._lost_from(min(reach, self._loss_start()))
+            self._damage()
+            self.r._seek(self.c, self.s, t)  # a refused seek reads on from EOF: the next point is tried
+
+    def _feed(self, packet) -> list | None:
+        """Checks a packet and decodes it: its frames ([] when skipped), None to stop the pass."""
+        if packet is None:  # the demuxer failed: bytes lost here
+            self._lost_from(self._loss_start())
+            self._damage()
+            return []
+        if packet.size == 0:  # end-of-stream packet: drain the decoder
+            self._end_holes()  # before the last frames come out and resolve requests
+            return [] if self.need_key else (_decode(packet) or [])
+        t = packet.pts * self.tb if packet.pts is not None else None
+        self._track(packet, t)
+        self.last_pkt = t if t is not None else self.last_pkt
+        if self.need_key:
+            if not packet.is_keyframe:
+                if self.key_by is not None and self.last_out == -math.inf and t is not None and t > self.key_by:
+                    return None  # no keyframe at or before key_by follows
+                self.losses.add(t)
+                return []
+            self.need_key, self.drop = False, (-math.inf, t if t is not None else -math.inf)
+        if packet.is_keyframe:
+            self.fed_key = t
+        if packet.is_corrupt:
+            self.losses.add(t)
+            self._damage()
+            return []
+        if t is not None:
+            self.pending.append(t)
+        frames = _decode(packet)
+        if frames is None:  # the decoder rejected the packet
+            self._damage()
+            return []
+        return frames
+
+    def _track(self, packet, t: float | None) -> None:
+        """Follows packet times: data lost unseen between packets, the frontier of what was read."""
+        self._follow_bytes(packet)
+        if self._skipped(packet):
+            start = self._loss_start()
+            self.losses.add_span(start, t or 0.0)
+            if self.lookahead and self.last_pkt is not None:
+                self._distrust(self.last_pkt)  # a TS demuxer appends bytes after a resync to the PES in hand
+            if packet.is_keyframe:  # the decoder can go on from here
+                self.drop = (start, t if t is not None else -math.inf)
+            else:
+                self._damage()
+        if packet.dts is not None:
+            self.last_dts, self.prev_dur = packet.dts, (packet.duration or 0) * self.tb
+        if t is not None:
+            self.recent.append(t)
+            if self.span_open is not None and t > self.span_open:
+                self.losses.add_span(self.span_open, t)
+                self.span_open = None
+            if self.frontier is None or t > self.frontier:
+                self.frontier = t
+
+    def _follow_bytes(self, packet) -> None:
+        if packet.pos is None or packet.pos < 0 or not packet.size:
+            return
+        if self.byte_end is not None and packet.pos - self.byte_end > LOST_BYTES:
+            self.bytes_skipped = True
+        self.byte_end = max(self.byte_end or 0, packet.pos + packet.size)
+
+    def _skipped(self, packet) -> bool:
+        """Whether the demuxer dropped data before this packet without an error, as Matroska and
+        MPEG-TS demuxers resync past garbage. Matroska: it skipped bytes (between packets there
+        are only headers; its dts are made up by FFmpeg, so they cannot tell). MPEG-TS/PS: the dts
+        steps back, or over more than the previous packet's duration (the parser's, pulldown
+        included: there the step equals it; null packets make byte gaps normal there).
+        Variable-frame-rate gaps skip no bytes; MP4 is read by its sample table and skips nothing."""
+        if self.r._resync == "bytes":
+            skipped, self.bytes_skipped = self.bytes_skipped, False
+            return skipped
+        if self.r._resync == "dts" and self.last_dts is not None and packet.dts is not None:
+            step = (packet.dts - self.last_dts) * self.tb
+            limit = GAP_STEP * self.prev_dur if self.prev_dur > 0 else GAP_FRAMES * self.r._frame_dur
+            return step < 0 or step > limit + EPS
+        return False
+
+    def _accept(self, frames: list) -> Iterator[tuple]:
+        """The clean ones of the decoder's output, in time order."""
+        for f in frames:
+            if f.pts is None:
+                continue
+            t = f.pts * self.tb
+            self.r.frames_decoded += 1
+            if f.is_corrupt:
+                self.losses.add(t)
+                self._spoiled(t)
+                if self.fed_key is not None and self.fed_key > t + EPS:
+                    self.drop = (t, self.fed_key)  # a later keyframe is in the decoder already: keep it
+                    continue
+                self._damage()
+                return
+            if t <= self.last_out + EPS:  # delivered already (a resume re-read it)
+                continue
+            if t in self.bad:
+                self._spoiled(t)
+                continue
+            if self.drop[0] < t < self.drop[1] - EPS:
+                self.losses.add(t)
+                continue
+            self.last_out = t
+            refs = self._references(t)  # may drop held frames: before the append
+            self.held.append((f, t, refs))
+            yield from self._release(t)
+
+    def _references(self, t: float) -> set[float]:
+        """Times of the frames this one may predict from that have not come out: packets fed
+        before its own with a later time (a B-frame's backward references). Takes the frame's
+        own packet, and packets due before it that never came out, off `pending`."""
+        pending = self.pending
+        if pending and abs(pending[0] - t) <= EPS:  # out in feed order: waits on nothing
+            pending.pop(0)
+            refs: set = set()
+        else:
+            i = next((j for j, p in enumerate(pending) if abs(p - t) <= EPS), len(pending))
+            refs = {p for p in pending[:i] if p > t + EPS}
+            for p in pending:
+                if p < t - EPS:  # due before this frame, never came out
+                    self.losses.add(p)
+                    self._spoiled(p)
+            self.pending = [p for p in pending if p > t + EPS]
+        if self.lookahead and self.last_pkt is not None and abs(t - self.last_pkt) <= EPS:
+            refs.add(("next", self.last_pkt))  # its packet is the last read: wait for the next
+        return refs
+
+    def _release(self, t: float) -> Iterator[tuple]:
+        """Frames whose references all came out clean, in time order: a damaged reference is
+        flagged only on the frame itself, never on the B-frames built on it (output earlier)."""
+        for _, _, refs in self.held:
+            refs.discard(t)
+        while self.held and not self.held[0][2]:
+            f, u, _ = self.held.pop(0)
+            yield f, u
+
+    def _spoiled(self, t: float) -> None:
+        """Drops the held frames that may predict from the corrupt frame at `t`."""
+        for _, u, refs in self.held:
+            if t in refs:
+                self.losses.add(u)
+        self.held[:] = [h for h in self.held if t not in h[2]]
+
+    def _damage(self) -> None:
+        """Drop what the decoder holds and wait for a keyframe."""
+        self.s.codec_context.flush_buffers()
+        self._lose_pending()
+        self.need_key = True
+
+    def _lose_pending(self) -> None:
+        """What the decoder held is gone: frames fed and not out, frames waiting on those."""
+        for p in self.pending:
+            self.losses.add(p)
+        for _, u, _ in self.held:
+            self.losses.add(u)
+        self.pending.clear()
+        self.held.clear()
+
+    def _lost_from(self, t: float) -> None:
+        if self.span_open is None:
+            self.span_open = t
+
+    def _loss_start(self) -> float:
+        """Where frames lost unseen may start: after our last packet's dts (frames decoded after
+        it have later dts, and pts >= dts), which B-frames put before the latest pts read."""
+        start = self.frontier if self.frontier is not None else self.origin
+        return min(start, self.last_dts * self.tb) if self.last_dts is not None else start
+
+    def _end_holes(self) -> None:
+        """A stream cut off (truncated, or garbage to the end) misses the frames that would follow
+        its last packet in decode order: a complete one has a packet for every frame between
+        that packet's dts and the latest pts read, so holes there are losses."""
+        if self.last_dts is None or self.frontier is None:
+            return
+        d0 = self.last_dts * self.tb
+        step = GAP_STEP * (self.prev_dur or self.r._frame_dur)
+        prev = max((t for t in self.recent if t <= d0 + EPS), default=d0)
+        for t in sorted(t for t in self.recent if t > d0 + EPS) + [self.frontier]:
+            if t - prev > step + EPS:
+                self.losses.add_span(prev, t)
+            prev = max(prev, t)
+
+    def _distrust(self, t: float) -> None:
+        """The frame of the packet at `t` may be built from damaged bytes: not delivered."""
+        self.losses.add(t)
+        self.bad.add(t)
+        self._spoiled(("next", t))
+        self._spoiled(t)
+
+
+def _demux(c) -> Iterator:
+    """Packets of every stream (their byte positions show what a demuxer skipped); None marks a
+    demux error (bytes lost there), after which demuxing goes on (a few times: a demuxer that
+    keeps failing has nothing left to give)."""
+    for _ in range(16):
+        try:
+            yield from c.demux()
+            return
+        except Exception:
+            yield None
+
+
+def _decode(packet) -> list | None:
+    """The packet's frames, or None when the decoder rejects it (damaged data)."""
+    try:
+        return packet.decode()
+    except Exception:
+        return None
 
 
 def _chain(first, rest):
