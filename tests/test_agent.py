@@ -433,3 +433,42 @@ def test_real_tiny_subagents_are_batched_into_one_generate(video, tiny):
         assert c.status == "ok" and c.generation.token_ids and c.generation.completion_tokens <= 6
         assert c.generation.visual_tokens == 4 * 6  # 4 frames (1 fps over 4 s), 6 tokens each
     assert ep.turns[1].generation.visual_tokens == ep.turns[0].generation.visual_tokens
+
+
+def test_a_damaged_video_is_answered_and_the_record_says_which_frames_were_replaced(tmp_path):
+    """256 KiB of garbage in the middle of the file: the episode still runs; the overview frames and
+    crop frames the damage took are replaced by their nearest decodable neighbours, listed in the record."""
+    import numpy as np
+
+    from tests.videotools import make_test_video, noisy_stripe_frame
+
+    p = make_test_video(tmp_path / "v.mp4", seconds=30, fps=10, gop=20, frames=noisy_stripe_frame)
+    data = bytearray(p.read_bytes())
+    mid = len(data) // 2
+    data[mid: mid + 256 * 1024] = np.random.default_rng(7).integers(0, 256, 256 * 1024, np.uint8).tobytes()
+    bad = tmp_path / "bad.mp4"
+    bad.write_bytes(bytes(data))
+    b = ScriptedBackend([calls((16, 22)), ANSWER], sub="ok")
+    ep = run(b, bad, frames=8)
+    assert ep.answer == "B" and ep.n_executed_calls == 1
+    where = {s["where"] for s in ep.substituted_frames}
+    assert where == {"overview", "call 0.0"}
+    assert all(s["requested"] != s["got"] for s in ep.substituted_frames)
+    assert ep.to_dict()["substituted_frames"] == ep.substituted_frames
+
+
+def test_closing_a_reader_while_a_crop_decodes_is_safe(tmp_path):
+    """An episode cancelled mid-decode closes its reader: the running decode keeps its container
+    and the reader closes after it (closing under a running FFmpeg decode crashed the process)."""
+    import threading
+
+    from tests.videotools import make_test_video
+
+    r = VideoReader(make_test_video(tmp_path / "v.mp4", seconds=20, fps=25, gop=250))
+    out = {}
+    t = threading.Thread(target=lambda: out.update(frames=r.frames_at([float(x) for x in range(19)])))
+    t.start()
+    r.close()
+    t.join()
+    assert len(out["frames"]) == 19 and r._containers == []  # closed by the decode, once it ended
+    assert len(r.overview(2)) == 2  # and reopens when used again

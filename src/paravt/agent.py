@@ -144,6 +144,7 @@ class SubCall:
     generation: ModelCall | None
     started: float
     finished: float
+    substituted: list[list[float]] = field(default_factory=list)  # [requested, got] of frames damage replaced
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -194,6 +195,8 @@ class Episode:
     error: str | None = None
     main_visual_tokens: int = 0
     main_prompt_tokens_final: int = 0
+    # frames a damaged video could not give, replaced by the nearest decodable one (its own true time)
+    substituted_frames: list[dict] = field(default_factory=list)
 
     def main_texts(self) -> list[str]:
         """The generated text of every main turn (forced prefix not included)."""
@@ -213,7 +216,7 @@ class Episode:
             "turns": [t.to_dict() for t in self.turns], "answer": self.answer,
             "n_parsed_calls": self.n_parsed_calls, "n_executed_calls": self.n_executed_calls,
             "wall_time": self.wall_time, "error": self.error, "main_visual_tokens": self.main_visual_tokens,
-            "main_prompt_tokens_final": self.main_prompt_tokens_final,
+            "main_prompt_tokens_final": self.main_prompt_tokens_final, "substituted_frames": self.substituted_frames,
         }
 
     @classmethod
@@ -355,24 +358,21 @@ async def run_episode(
     own = not isinstance(video, VideoReader)
     # probing opens and reads the file: off the event loop, so concurrent episodes keep going
     reader = await asyncio.to_thread(VideoReader, video) if own else video
-    state = {"abandoned_decode": False}
     try:
         return await _episode(backend, reader, question, cfg, question_type, subtitles, emit,
-                              lambda: time.perf_counter() - t0, overview_frames or cfg.frames, state, system)
+                              lambda: time.perf_counter() - t0, overview_frames or cfg.frames, system)
     finally:
-        # A decode that timed out may still run in the pool: closing its container under it
-        # is unsafe, so such a reader is left to the garbage collector.
-        if own and not state["abandoned_decode"]:
-            reader.close()
+        if own:
+            reader.close()  # safe with a decode still running: the reader closes after it
 
 
 async def _episode(backend: Backend, reader: VideoReader, question: str, cfg: EpisodeConfig, question_type: str,
-                   subtitles, emit: EventHook, now: Callable[[], float], k: int, state: dict,
-                   system: str | None) -> Episode:
+                   subtitles, emit: EventHook, now: Callable[[], float], k: int, system: str | None) -> Episode:
     frames = await reader.aoverview(k)
     ep = Episode(video=str(reader.path), question=question, question_type=question_type, config=cfg,
                  duration=reader.duration, overview_times=[f.timestamp for f in frames])
-    emit("overview", {"times": ep.overview_times, "duration": ep.duration})
+    ep.substituted_frames = [{"where": "overview", "requested": r, "got": g} for r, g in _substitutes(frames)]
+    emit("overview", {"times": ep.overview_times, "duration": ep.duration, "substituted": ep.substituted_frames})
     messages = build_main_messages(frames, reader.duration, question, question_type, cfg.mode, cfg.max_parallel,
                                    subtitles, prompts=cfg.prompts, system=system)
 
@@ -412,7 +412,9 @@ async def _episode(backend: Backend, reader: VideoReader, question: str, cfg: Ep
         if (turn.answer is not None and turn.answer_closed) or not wants_tools or last:
             break
 
-        subcalls, responses = await _dispatch(backend, reader, turn, turn_index, cfg, question, now, emit, state)
+        subcalls, responses = await _dispatch(backend, reader, turn, turn_index, cfg, question, now, emit)
+        ep.substituted_frames += [{"where": f"call {c.turn}.{c.index}", "requested": r, "got": g}
+                                  for c in subcalls for r, g in c.substituted]
         main_turn.calls = subcalls
         ep.n_executed_calls += sum(1 for c in subcalls if c.status == "ok")
         replies = build_tool_response_messages(responses, cfg.prompts)
@@ -446,7 +448,7 @@ def ordered_calls(turn: P.Turn) -> list[tuple[P.ToolCall | None, str, str | None
 
 
 async def _dispatch(backend: Backend, reader: VideoReader, turn: P.Turn, turn_index: int, cfg: EpisodeConfig,
-                    question: str, now: Callable[[], float], emit: EventHook, state: dict) -> tuple[list[SubCall], list]:
+                    question: str, now: Callable[[], float], emit: EventHook) -> tuple[list[SubCall], list]:
     """Run the calls of one turn; returns their records and their responses (`tool_response_parts`
     each), both in call order."""
     limit = 1 if cfg.mode == "sequential" else cfg.max_parallel
@@ -501,14 +503,11 @@ async def _dispatch(backend: Backend, reader: VideoReader, turn: P.Turn, turn_in
         try:
             args = P.crop_args(call, reader.duration)  # never reads a model-written path
             sub.start, sub.end = args.start, args.end
-            try:
-                frames = await asyncio.wait_for(
-                    reader.acrop(args.start, args.end, fps=cfg.sub_fps, max_frames=cfg.sub_max_frames,
-                                 num_frames=args.num_frames),
-                    timeout=cfg.call_timeout_s)
-            except asyncio.TimeoutError:
-                state["abandoned_decode"] = True
-                raise
+            frames = await asyncio.wait_for(
+                reader.acrop(args.start, args.end, fps=cfg.sub_fps, max_frames=cfg.sub_max_frames,
+                             num_frames=args.num_frames),
+                timeout=cfg.call_timeout_s)
+            sub.substituted = _substitutes(frames)
             if len(frames) < cfg.sub_min_frames:
                 raise VideoError(f"only {len(frames)} frames in the window, fewer than {cfg.sub_min_frames}")
             sub.frame_times = [f.timestamp for f in frames]
@@ -565,6 +564,11 @@ async def _dispatch(backend: Backend, reader: VideoReader, turn: P.Turn, turn_in
 
     # inline mode: the window's frames themselves, inside the call's own response
     return [r[0] for r in records], [tool_response_parts(sub.response, extra) for sub, extra, _ in records]
+
+
+def _substitutes(frames: list[Frame]) -> list[list[float]]:
+    """[requested, got] of the frames a damaged video replaced by the nearest decodable one."""
+    return [[f.requested, f.timestamp] for f in frames if getattr(f, "substituted", False)]
 
 
 def run_episode_sync(*args: Any, **kwargs: Any) -> Episode:

@@ -144,6 +144,11 @@ def ask(video: str, question: str, *, model: str | None, config: EpisodeConfig, 
         ep = asyncio.run(go())
     finally:
         reader.close()
+    if ep.substituted_frames:
+        where = sorted({s["where"] for s in ep.substituted_frames})
+        console.print(f"[yellow]warning: {len(ep.substituted_frames)} frame(s) could not be decoded (damaged video) and "
+                      f"were replaced by the nearest decodable frame, with its own time ({', '.join(where)}); the "
+                      "trace lists them under substituted_frames[/yellow]")
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(ep.to_dict(), indent=1))
