@@ -110,8 +110,12 @@ class GRPOConfig:
             raise ValueError("rollouts_per_prompt must be >= 2 (advantages are relative within a group)")
         if not self.temperature > 0:
             raise ValueError("temperature must be > 0 for group sampling")
-        if not self.k_choices or any(k < 1 for k in self.k_choices):
-            raise ValueError(f"k_choices must be positive frame counts, got {self.k_choices}")
+        from paravt.agent import MAX_FRAMES
+
+        if not self.k_choices or any(not 1 <= k <= MAX_FRAMES for k in self.k_choices):
+            raise ValueError(f"k_choices must be frame counts in 1..{MAX_FRAMES}, got {self.k_choices}")
+        if self.fixed_k > MAX_FRAMES:
+            raise ValueError(f"fixed_k must be <= {MAX_FRAMES}, got {self.fixed_k}")
         if not (self.lr > 0 and self.grad_clip > 0 and self.clip_eps > 0 and self.adv_eps > 0):
             raise ValueError("lr, grad_clip, clip_eps and adv_eps must be > 0")
         if self.kl_coef < 0 or self.weight_decay < 0 or self.warmup_steps < 0:
