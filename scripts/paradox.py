@@ -1,4 +1,4 @@
-"""The paradox experiment of issue 5 on SynthVT-mini, end to end and resumable.
+"""The paradox experiment on SynthVT (the Tool Prior Paradox, SPEC §5 Table 2), end to end and resumable.
 
 From one SFT checkpoint, five RL runs with the same budget (SPEC §5 Table 2 analogue):
 vanilla GRPO, PARA-GRPO with token anchoring, PARA-GRPO with sequence anchoring, anchoring
@@ -7,6 +7,8 @@ SynthVT-mini test videos at K overview frames x dispatch modes. Writes per-step 
 an accuracy grid plot and a markdown table under --docs.
 
     python scripts/paradox.py --sft runs/sft_tiny/checkpoint --train data/mini_train --test data/mini_test
+    python scripts/paradox.py --config src/paravt/configs/grpo_tiny_hard.yaml --sft runs/sft_tiny_hard/checkpoint \
+        --train data/hard_train --test data/hard_test --out runs/paradox_hard --steps 200 --variants vanilla para_token
 
 Every stage is a `paravt train grpo` / `paravt eval run` command (printed before it runs),
 so any cell can be rerun by hand; both resume, so rerunning this script continues where it
@@ -121,10 +123,11 @@ def plot(a) -> None:
             ax.set_xlabel("RL step")
         first, last = log[: max(1, len(log) // 5)], log[-max(1, len(log) // 5):]
         mean = lambda rows, k: sum(r[k] for r in rows) / len(rows)  # noqa: E731
+        k64 = kappa_at_k(read_jsonl(a.out / "rl" / name / "rollouts.jsonl"), 64, len(log))
         rl_rows.append((name, len(log), mean(first, "f_tau"), mean(last, "f_tau"), mean(first, "kappa"),
-                        mean(last, "kappa"), mean(first, "accuracy"), mean(last, "accuracy")))
+                        mean(last, "kappa"), mean(first, "accuracy"), mean(last, "accuracy"), *k64))
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"PARA-GRPO ablations on SynthVT-mini (moving average over {a.smooth} steps)")
+    fig.suptitle(f"PARA-GRPO ablations on {a.title} (moving average over {a.smooth} steps)")
     fig.tight_layout()
     fig.savefig(a.docs / "paradox_rl.png", dpi=110)
     plt.close(fig)
@@ -147,19 +150,21 @@ def plot(a) -> None:
             ax.set_xticks(range(len(a.modes)), a.modes, rotation=30, fontsize=8)
             ax.set_yticks(range(len(a.ks)), [f"K={k}" for k in a.ks], fontsize=8)
             ax.set_title(LABELS[name], fontsize=9)
-        fig.suptitle("SynthVT-mini test accuracy (%) by overview frames K and dispatch mode")
+        fig.suptitle(f"{a.title} test accuracy (%) by overview frames K and dispatch mode")
         fig.tight_layout()
         fig.savefig(a.docs / "paradox_accuracy.png", dpi=110)
         plt.close(fig)
 
-    lines = ["# The paradox on SynthVT-mini", "", "Written by `scripts/paradox.py`; numbers from its runs. "
-             f"Every RL run starts from `{a.sft}`; `--set`: {' '.join(a.set) or 'none'}. "
+    lines = [f"# The paradox on {a.title}", "", "Written by `scripts/paradox.py`; numbers from its runs. "
+             f"Every RL run starts from `{a.sft}` (config `{a.config}`); `--set`: {' '.join(a.set) or 'none'}. "
              "Discussion: [tiny_model.md](tiny_model.md).", "",
              f"## RL runs ({a.steps} steps each; first vs last fifth of the steps)", "",
-             "| run | steps | fτ first | fτ last | κ first | κ last | acc first | acc last |",
-             "|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {LABELS[n]} | {s} | {f0:.3f} | {f1:.3f} | {k0:.2f} | {k1:.2f} | {a0:.3f} | {a1:.3f} |"
-              for n, s, f0, f1, k0, k1, a0, a1 in rl_rows]
+             "fτ: mean format reward of the rollouts (τ = 0.7); κ: crop calls per rollout; κ at K=64: the same, on",
+             "the rollouts whose overview had 64 frames (every rollout of the fixed-K runs, a fifth of the gated ones).", "",
+             "| run | steps | fτ first | fτ last | κ first | κ last | κ K=64 first | κ K=64 last | acc first | acc last |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {LABELS[n]} | {s} | {f0:.3f} | {f1:.3f} | {k0:.2f} | {k1:.2f} | {_f(q0)} | {_f(q1)} | {a0:.3f} | {a1:.3f} |"
+              for n, s, f0, f1, k0, k1, a0, a1, q0, q1 in rl_rows]
     lines += ["", f"## Test accuracy (%), {a.limit} questions per cell (crops per episode in brackets)", "",
               "| model | " + " | ".join(f"{mode} K={k}" for mode in a.modes for k in a.ks) + " |",
               "|---|" + "---|" * (len(a.modes) * len(a.ks))]
@@ -172,6 +177,18 @@ def plot(a) -> None:
         lines.append(f"| {LABELS[name]} | " + " | ".join(vals) + " |")
     header = ["| model | " + " | ".join(f"{mode} K={k}" for mode in a.modes for k in a.ks) + " |",
               "|---|" + "---|" * (len(a.modes) * len(a.ks))]
+    tasks = sorted({t for cells in grid.values() for c in cells.values() for t in (c.get("by_task") or {})})
+    if len(tasks) > 1:
+        lines += ["", "## Accuracy (%) by question kind, parallel dispatch", "",
+                  "| model | " + " | ".join(f"{t} K={k}" for t in tasks for k in a.ks) + " |",
+                  "|---|" + "---|" * (len(tasks) * len(a.ks))]
+        for name, cells in grid.items():
+            vals = []
+            for t in tasks:
+                for k in a.ks:
+                    g = ((cells.get(("parallel", k)) or {}).get("by_task") or {}).get(t)
+                    vals.append("-" if g is None else f"{g['score']:.0f} ({g['n']})")
+            lines.append(f"| {LABELS[name]} | " + " | ".join(vals) + " |")
     said, answered = [], []
     for name in grid:
         s_vals, a_vals = [], []
@@ -193,6 +210,19 @@ def plot(a) -> None:
               *header, *said]
     (a.docs / "paradox.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def kappa_at_k(rollouts: list[dict], k: int, steps: int) -> tuple[float | None, float | None]:
+    """Mean crop calls of the rollouts with K = k, over the first and the last fifth of the steps."""
+    fifth = max(1, steps // 5)
+    first = [r["n_parsed_calls"] for r in rollouts if r.get("k") == k and r["step"] <= fifth]
+    last = [r["n_parsed_calls"] for r in rollouts if r.get("k") == k and r["step"] > steps - fifth]
+    mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
+    return mean(first), mean(last)
+
+
+def _f(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def _is_colour(row: dict) -> bool:
@@ -228,7 +258,9 @@ def main() -> None:
     p.add_argument("--eval-device", choices=["cpu", "auto"], default="cpu",
                    help="cpu: evaluate in fp32 on the CPU even where RL ran on a GPU (figures comparable across machines)")
     p.add_argument("--stage", choices=["all", "train", "eval", "plot"], default="all")
+    p.add_argument("--title", default=None, help="the testbed's name in the report (default: from --test)")
     a = p.parse_args()
+    a.title = a.title or ("SynthVT-hard" if "hard" in str(a.test) else "SynthVT-mini")
     script = Path(sys.executable).parent / "paravt"  # absent where the package is on PYTHONPATH only
     a.paravt = [str(script)] if script.exists() else [sys.executable, "-m", "paravt"]
     failed = 0
