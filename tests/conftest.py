@@ -8,3 +8,15 @@ def tiny_dir(tmp_path_factory):
 
     model, processor = build_tiny(seed=0)
     return save_pretrained(model, processor, tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
+def mini_split(tmp_path_factory):
+    """A small SynthVT-mini train split (8 questions, seed 0) written by the CLI, as a user makes one."""
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("mini") / "data"
+    subprocess.run([sys.executable, "-m", "paravt", "synth", "--preset", "mini", "--out", str(out), "--n", "8",
+                    "--split", "train", "--seed", "0"], check=True, capture_output=True)
+    return out

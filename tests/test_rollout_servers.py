@@ -22,11 +22,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def split(tmp_path_factory):
-    out = tmp_path_factory.mktemp("rs") / "data"
-    subprocess.run([sys.executable, "-m", "paravt", "synth", "--preset", "mini", "--out", str(out), "--n", "8",
-                    "--split", "train", "--seed", "0"], check=True, capture_output=True)
-    return out
+def split(mini_split):
+    return mini_split
 
 
 @pytest.fixture(scope="module")

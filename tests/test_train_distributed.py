@@ -42,11 +42,8 @@ def _run(args: list[str], nproc: int, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def split(tmp_path_factory):
-    out = tmp_path_factory.mktemp("dist") / "data"
-    subprocess.run([sys.executable, "-m", "paravt", "synth", "--preset", "mini", "--out", str(out), "--n", "8",
-                    "--split", "train", "--seed", "0"], check=True, capture_output=True)
-    return out
+def split(mini_split):
+    return mini_split
 
 
 def sft(split: Path, out: Path, nproc: int, engine: str, **over) -> list[dict]:
