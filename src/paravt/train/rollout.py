@@ -151,10 +151,9 @@ class RolloutServers:
         """An OpenAI backend over the live servers, asking for token ids and logprobs."""
         from paravt.backends.openai import OpenAIBackend
 
-        live = [u for u in self.urls]
-        if not live:
+        if not self.urls:
             raise BackendError("no rollout server is left")
-        return OpenAIBackend(live[0], endpoints=live, api_key=self.api_key, concurrency=self.cfg.concurrency,
+        return OpenAIBackend(self.urls[0], endpoints=self.urls, api_key=self.api_key, concurrency=self.cfg.concurrency,
                              timeout_s=self.cfg.timeout_s, logprobs=True, server_extensions=True)
 
     # ---- weight sync
