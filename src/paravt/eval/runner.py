@@ -84,7 +84,9 @@ def write_text(path: Path, text: str) -> None:
 
 def eval_config(**overrides: Any) -> EpisodeConfig:
     """The paper's evaluation protocol (SPEC §5): greedy, 2048 new tokens per turn, K = 64
-    overview frames, 3 rounds with the last one a forced answer (64 / 128 tokens), 5 calls a turn."""
+    overview frames, 3 rounds with the last one a forced answer, 5 calls a turn. The forced turn
+    keeps the think prefix and the whole budget (final_turn_think); with final_turn_think off it is
+    the direct answer of 64 (MCQ) / 128 (grounding) tokens."""
     base: dict[str, Any] = dict(temperature=0.0, top_p=1.0, max_new_tokens=2048, frames=64, max_turns=3,
                                 max_parallel=5, answer_max_new_tokens_mcq=64, answer_max_new_tokens_tvg=128)
     base.update({k: v for k, v in overrides.items() if v is not None})
