@@ -286,6 +286,29 @@ def test_bad_json_is_400_and_keeps_the_connection(bad, needle):
     assert len(b.seen) == 1
 
 
+class Crashing(FakeBackend):
+    """Fails once with an error no handler expects (a bug), then works."""
+
+    async def generate(self, reqs):
+        if not getattr(self, "crashed", False):
+            self.crashed = True
+            raise RuntimeError("a bug in the backend")
+        return await super().generate(reqs)
+
+
+def test_an_unexpected_server_error_is_500_and_keeps_the_connection():
+    ports = []
+
+    def where(response: httpx.Response) -> None:
+        ports.append(response.extensions["network_stream"].get_extra_info("client_addr")[1])
+
+    with Server(create_app(Crashing(), "m")) as s, httpx.Client(base_url=s.url, event_hooks={"response": [where]}) as c:
+        r = c.post(CHAT, json={"messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 500 and "a bug in the backend" in r.json()["error"]["message"]
+        assert c.post(CHAT, json={"messages": [{"role": "user", "content": "hi"}]}).status_code == 200
+    assert len(ports) == 2 and ports[0] == ports[1], "the server dropped the keep-alive connection"
+
+
 def test_a_valid_surrogate_pair_escape_is_fine():
     b = Utf8Backend()
     with Server(create_app(b, "m")) as s:

@@ -410,7 +410,13 @@ def create_app(backend: Backend, model_name: str, api_key: str | None = None, ma
         length = request.headers.get("content-length")
         if length and length.isdigit() and int(length) > max_body_bytes:
             return error(413, f"request body of {length} bytes is over the limit of {max_body_bytes} bytes")
-        return await call_next(request)
+        try:
+            return await call_next(request)
+        except Exception as exc:  # noqa: BLE001 - answered here, the connection stays usable
+            # (an exception left to Starlette's error middleware is re-raised after the 500, and
+            # the server then closes the client's keep-alive connection)
+            log.exception("request failed")
+            return error(500, f"internal error: {type(exc).__name__}: {exc}")
 
     @app.get("/health")
     async def health():
