@@ -236,6 +236,25 @@ def test_client_disconnect_cancels_the_generation():
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "T prefix=''"
 
 
+def test_a_disconnect_returns_none_without_waiting_for_the_cancelled_generation():
+    """The handler's own view: once the client is gone it answers None at once, even though the
+    cancelled generation has not finished unwinding (it used to read the unfinished task's result,
+    and the server logged an InvalidStateError for every client that timed out)."""
+    from paravt.backends.base import GenerateRequest, Message
+    from paravt.serve import generate_while_connected
+
+    async def main():
+        b = FakeBackend(delay_s=30.0)
+
+        async def receive():
+            return {"type": "http.disconnect"}
+
+        req = GenerateRequest(messages=[Message("user", "hi")])
+        return await asyncio.wait_for(generate_while_connected(b, req, receive), 5)
+
+    assert asyncio.run(main()) is None
+
+
 def test_a_client_that_stays_gets_its_answer():
     b = FakeBackend(delay_s=0.5)  # longer than the disconnect poll
     with Server(create_app(b, "m")) as s:

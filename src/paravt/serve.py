@@ -323,7 +323,7 @@ async def generate_while_connected(backend: Backend, req: GenerateRequest, recei
         if not gen.done():
             gen.add_done_callback(_retrieve)
             gen.cancel()
-    if gen.cancelled():
+    if not gen.done() or gen.cancelled():  # a cancel() above is only a request: gen may still be running
         return None
     return gen.result()[0]
 
