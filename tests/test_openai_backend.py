@@ -182,13 +182,13 @@ def test_dead_server_fails_fast_and_clearly():
 
 
 def test_slow_server_times_out_then_fails():
-    b = FakeBackend(delay_s=1.0)
+    b = FakeBackend(delay_s=20.0)
     with Server(create_app(b, "m")) as s:
         be = OpenAIBackend(s.url, model="m", max_retries=1, backoff_s=0.01, timeout_s=0.2)
         t = time.time()
         with pytest.raises(BackendError, match=r"no answer from http://127.0.0.1:\d+ within 0.2 s.*--timeout"):
             asyncio.run(be.generate([GenerateRequest(msgs(1))]))
-        assert time.time() - t < 1.0
+        assert time.time() - t < 10.0  # the server would take 20 s; slack for a loaded machine
 
 
 def test_concurrency_limit_and_reuse_across_event_loops():
@@ -359,6 +359,6 @@ def test_every_call_has_an_overall_deadline(handler):
             t = time.time()
             with pytest.raises(BackendError, match=r"no answer from .* within 0.6 s"):
                 asyncio.run(be.generate([GenerateRequest(msgs(1))]))
-            assert time.time() - t < 2.0
+            assert time.time() - t < 10.0  # the server never finishes; slack for a loaded machine
     finally:
         stop.set()
