@@ -108,19 +108,24 @@ def plot(a) -> None:
     import matplotlib.pyplot as plt
 
     a.docs.mkdir(parents=True, exist_ok=True)
+    # entropy and the KL to the reference tell a policy collapse apart from a policy choosing fewer calls
     keys = [("f_tau", "fτ (mean format reward)"), ("kappa", "κ (crop calls per rollout)"),
-            ("accuracy", "rollout accuracy")]
-    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.8))
-    rl_rows = []
+            ("accuracy", "rollout accuracy"), ("entropy", "policy entropy (nats/token)"),
+            ("kl", "KL to the reference (k3, log)")]
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.8))
+    rl_rows, windows = [], []
     for name in VARIANTS:
         log = [r for r in read_jsonl(a.out / "rl" / name / "log.jsonl") if "f_tau" in r]
         if not log:
             continue
         steps = [r["step"] for r in log]
         for ax, (key, title) in zip(axes, keys):
-            ax.plot(steps, smooth([r[key] for r in log], a.smooth), label=LABELS[name])
-            ax.set_title(title)
+            ax.plot(steps, smooth([r.get(key, 0.0) for r in log], a.smooth), label=LABELS[name])
+            ax.set_title(title, fontsize=10)
             ax.set_xlabel("RL step")
+            if key == "kl":
+                ax.set_yscale("log")
+        windows.append((name, log))
         first, last = log[: max(1, len(log) // 5)], log[-max(1, len(log) // 5):]
         mean = lambda rows, k: sum(r[k] for r in rows) / len(rows)  # noqa: E731
         k64 = kappa_at_k(read_jsonl(a.out / "rl" / name / "rollouts.jsonl"), 64, len(log))
@@ -165,6 +170,23 @@ def plot(a) -> None:
              "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {LABELS[n]} | {s} | {f0:.3f} | {f1:.3f} | {k0:.2f} | {k1:.2f} | {_f(q0)} | {_f(q1)} | {a0:.3f} | {a1:.3f} |"
               for n, s, f0, f1, k0, k1, a0, a1, q0, q1 in rl_rows]
+    if windows:
+        width = max(1, max(len(log) for _, log in windows) // 10)
+        spans = [(lo, lo + width - 1) for lo in range(1, max(len(log) for _, log in windows) + 1, width)]
+        lines += ["", f"## Per {width}-step window", "",
+                  "Means over each window of steps: κ, fτ, rollout accuracy, policy entropy (nats per token) and",
+                  "KL to the reference; a rising entropy and KL mark a policy that diverges rather than one that",
+                  "chooses fewer calls.", "",
+                  "| run | metric | " + " | ".join(f"{lo}-{hi}" for lo, hi in spans) + " |",
+                  "|---|---|" + "---|" * len(spans)]
+        for name, log in windows:
+            for key, label, fmt in [("kappa", "κ", "{:.2f}"), ("f_tau", "fτ", "{:.2f}"), ("accuracy", "acc", "{:.2f}"),
+                                    ("entropy", "entropy", "{:.2f}"), ("kl", "KL", "{:.3f}")]:
+                cells = []
+                for lo, hi in spans:
+                    xs = [r.get(key, 0.0) for r in log if lo <= r["step"] <= hi]
+                    cells.append(fmt.format(sum(xs) / len(xs)) if xs else "-")
+                lines.append(f"| {LABELS[name]} | {label} | " + " | ".join(cells) + " |")
     lines += ["", f"## Test accuracy (%), {a.limit} questions per cell (crops per episode in brackets)", "",
               "| model | " + " | ".join(f"{mode} K={k}" for mode in a.modes for k in a.ks) + " |",
               "|---|" + "---|" * (len(a.modes) * len(a.ks))]
@@ -202,8 +224,10 @@ def plot(a) -> None:
                 a_vals.append(f"{100 * sum(r['score'] for r in colour) / len(colour):.0f}" if colour else "-")
         said.append(f"| {LABELS[name]} | " + " | ".join(s_vals) + " |")
         answered.append(f"| {LABELS[name]} | " + " | ".join(a_vals) + " |")
+    others = ("the by-kind table above has the others" if len(tasks) > 1
+              else "the other questions of each cell are background-colour controls (chance 1 in 6)")
     lines += ["", "## Colour questions: answer accuracy (%; chance 12.5 %)", "",
-              "The other questions of each cell are background-colour controls (chance 1 in 6).", "", *header, *answered]
+              f"Colour questions only; {others}.", "", *header, *answered]
     lines += ["", "## Colour named in the reasoning (%, of the cell's colour questions)", "",
               "The final think of a colour question usually ends \"So the answer is: <colour>.\"; this is how often",
               "that colour is the right one, whatever the <answer> tag says (perception and one copy; chance 12.5 %).", "",
