@@ -171,8 +171,9 @@ def plot(a) -> None:
     lines += [f"| {LABELS[n]} | {s} | {f0:.3f} | {f1:.3f} | {k0:.2f} | {k1:.2f} | {_f(q0)} | {_f(q1)} | {a0:.3f} | {a1:.3f} |"
               for n, s, f0, f1, k0, k1, a0, a1, q0, q1 in rl_rows]
     if windows:
-        width = max(1, max(len(log) for _, log in windows) // 10)
-        spans = [(lo, lo + width - 1) for lo in range(1, max(len(log) for _, log in windows) + 1, width)]
+        longest = max(len(log) for _, log in windows)
+        width = max(1, longest // 10)
+        spans = [(lo, lo + width - 1) for lo in range(1, longest + 1, width)]
         lines += ["", f"## Per {width}-step window", "",
                   "Means over each window of steps: κ, fτ, rollout accuracy, policy entropy (nats per token) and",
                   "KL to the reference; a rising entropy and KL mark a policy that diverges rather than one that",

@@ -17,10 +17,9 @@ from typing import Any, Callable
 from paravt import protocol as P
 from paravt.backends.base import (Backend, BackendError, Completion, GenerateRequest, ImagePart, Message, TextPart,
                                   strip_chat_tokens)
-from paravt.video import Frame, VideoError, VideoReader
+from paravt.video import MAX_FRAMES, Frame, VideoError, VideoReader
 
 EventHook = Callable[[str, dict], None]
-MAX_FRAMES = 10000  # the largest overview K accepted: its frames are decoded and held at once
 
 
 @dataclass
@@ -568,7 +567,7 @@ async def _dispatch(backend: Backend, reader: VideoReader, turn: P.Turn, turn_in
 
 def _substitutes(frames: list[Frame]) -> list[list[float]]:
     """[requested, got] of the frames a damaged video replaced by the nearest decodable one."""
-    return [[f.requested, f.timestamp] for f in frames if getattr(f, "substituted", False)]
+    return [[f.requested, f.timestamp] for f in frames if f.substituted]
 
 
 def run_episode_sync(*args: Any, **kwargs: Any) -> Episode:

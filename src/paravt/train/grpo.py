@@ -40,6 +40,7 @@ from paravt.rewards import RewardConfig
 from paravt.train.config import ConfigError, load_config, to_dict
 from paravt.train.rollout import RolloutConfig
 from paravt.train.sequences import Batch, TrainSequence
+from paravt.video import MAX_FRAMES
 
 if TYPE_CHECKING:
     from paravt.agent import Episode
@@ -110,8 +111,6 @@ class GRPOConfig:
             raise ValueError("rollouts_per_prompt must be >= 2 (advantages are relative within a group)")
         if not self.temperature > 0:
             raise ValueError("temperature must be > 0 for group sampling")
-        from paravt.agent import MAX_FRAMES
-
         if not self.k_choices or any(not 1 <= k <= MAX_FRAMES for k in self.k_choices):
             raise ValueError(f"k_choices must be frame counts in 1..{MAX_FRAMES}, got {self.k_choices}")
         if self.fixed_k > MAX_FRAMES:
