@@ -70,7 +70,7 @@ def test_after_a_sync_both_servers_hold_the_trainers_weights(servers, tmp_path):
             mine = sequence_logprobs(model, renderer, new.prompt_ids, new.token_ids, images)
         np.testing.assert_allclose(new.logprobs, mine.numpy(), atol=1e-4)  # the trainer's weights, exactly
         assert new.token_ids != old.token_ids or not np.allclose(new.logprobs, old.logprobs, atol=1e-3)
-        assert servers._http.get(url + "/weight_info").json() == {"weight_version": "7"}
+        assert servers._http[url].get(url + "/weight_info").json() == {"weight_version": "7"}
 
 
 def test_server_ids_give_the_in_process_sequences(servers, split, tmp_path):

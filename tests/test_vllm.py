@@ -168,7 +168,7 @@ def test_para_grpo_with_vllm_rollouts_and_disk_weight_sync(split, tmp_path):
         with torch.no_grad():
             mine = sequence_logprobs(model, Renderer(processor), got.prompt_ids, got.token_ids, images)
         np.testing.assert_allclose(got.logprobs, mine.numpy(), atol=1e-4)
-        assert servers._http.get(servers.urls[0] + "/weight_info").json()["weight_version"] == "2"
+        assert servers._http[servers.urls[0]].get(servers.urls[0] + "/weight_info").json()["weight_version"] == "2"
     finally:
         RolloutServers.close = real_close
         if "servers" in kept:

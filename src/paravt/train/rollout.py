@@ -98,7 +98,10 @@ class RolloutServers:
         self.version: dict[str, str | None] = {u: None for u in self.urls}
         self.api_key = cfg.api_key or os.environ.get("PARAVT_API_KEY")
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        self._http = httpx.Client(timeout=cfg.timeout_s, headers=headers)
+        # one client per server: the servers sync on threads of their own, and a connection pool
+        # shared between those threads broke a live server's sync when another server had died
+        # (EBADF on the live one's connection)
+        self._http = {u: httpx.Client(timeout=cfg.timeout_s, headers=headers) for u in self.urls}
 
     @classmethod
     def start(cls, cfg: RolloutConfig, model: str, log_dir: Path) -> "RolloutServers":
@@ -138,7 +141,7 @@ class RolloutServers:
                     raise BackendError(f"a rollout server exited with code {p.returncode}; see {log_dir}/server_*.log")
             for u in list(pending):
                 try:
-                    if self._http.get(u + "/v1/models", timeout=2).status_code == 200:
+                    if self._http[u].get(u + "/v1/models", timeout=2).status_code == 200:
                         pending.remove(u)
                 except httpx.HTTPError:
                     pass
@@ -159,7 +162,7 @@ class RolloutServers:
     # ---- weight sync
 
     def _post(self, url: str, path: str, **kw) -> dict:
-        r = self._http.post(url + path, **kw)
+        r = self._http[url].post(url + path, **kw)
         if r.status_code >= 400:
             raise BackendError(f"{url}{path} answered HTTP {r.status_code}: {r.text[:300]}")
         return r.json() if r.content else {}
@@ -172,7 +175,7 @@ class RolloutServers:
             self._post(url, "/update_weight_version", json={"new_version": version})
         finally:
             self._post(url, "/resume")
-        got = self._http.get(url + "/weight_info").json().get("weight_version")
+        got = self._http[url].get(url + "/weight_info").json().get("weight_version")
         if str(got) != version:
             raise BackendError(f"{url} reports weight version {got!r} after loading {version!r}")
         self.version[url] = version
@@ -195,7 +198,8 @@ class RolloutServers:
         return time.perf_counter() - t0
 
     def close(self) -> None:
-        self._http.close()
+        for http in self._http.values():
+            http.close()
         for p in self.procs:
             p.terminate()
         for p in self.procs:
