@@ -197,8 +197,9 @@ def test_vision_placeholders_are_never_generated(tiny, temperature):
         handle.remove()
     assert len(c.token_ids) == 6
     assert not set(c.token_ids) & set(renderer.banned_ids)
-    # the logprobs stay the raw model's (what training recomputes), not the masked sampler's
-    assert all(lp < -100 for lp in c.logprobs)
+    # the logprobs are the sampler's, placeholders removed (the trainer recomputes the same), not the raw
+    # model's, where the favoured placeholder takes all the mass
+    assert all(-100 < lp <= 0 for lp in c.logprobs)
 
 
 # ---- continuous batching, cancellation, context limit ----------------------------------------------
@@ -304,3 +305,26 @@ def test_completion_text_is_what_the_model_wrote(tiny):
     finally:
         handle.remove()
     assert c.token_ids == [backend.renderer.im_end] and c.text == "" and c.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.3])
+def test_reported_logprobs_are_the_sampling_distributions(tiny, temperature):
+    """Rollouts sampled at τ report log softmax(logits / τ) of each chosen token, checked against a
+    separate plain forward pass; the τ = 1 values (what the backend reported before) differ. A ratio
+    or KL built on τ = 1 values is that of a policy that did not sample."""
+    model, processor = tiny
+    backend = HFBackend(model, processor)
+    m = msgs()
+    c = backend.generate_sync([GenerateRequest(m, max_new_tokens=8, temperature=temperature, seed=5)])[0]
+    images = [p.image for mm in m for p in mm.images()]
+    from paravt.backends.hf import model_inputs
+
+    with torch.no_grad():
+        inputs = model_inputs(model, backend.renderer, [c.prompt_ids + c.token_ids], [images])
+        logits = model(**inputs, use_cache=False).logits[0, len(c.prompt_ids) - 1:-1].double()
+    logits[:, backend.renderer.banned_ids] = float("-inf")  # never sampled
+    target = torch.tensor(c.token_ids)[:, None]
+    at_tau = torch.log_softmax(logits / temperature, -1).gather(-1, target)[:, 0].numpy()
+    at_one = torch.log_softmax(logits, -1).gather(-1, target)[:, 0].numpy()
+    np.testing.assert_allclose(c.logprobs, at_tau, atol=1e-4)
+    assert np.abs(np.array(c.logprobs) - at_one).max() > 1e-2

@@ -341,7 +341,9 @@ def test_score_episode_options_and_errors():
 def test_shaping():
     assert shape(1.2) == pytest.approx(10.0)
     assert shape(0.2) == 0.0
-    assert shape(3.15) == pytest.approx(29.5)
+    assert shape(3.15) == 20.0  # (3.15 − 0.2)·10 = 29.5, clipped at ±20 as the recipe (AReaL reward_clip)
+    assert shape(-5.0) == -20.0
+    assert shape(3.15, RewardConfig(shaping_clip=100.0)) == pytest.approx(29.5)
     assert shape(1.0, RewardConfig(shaping_bias=0.5, shaping_scale=2.0)) == pytest.approx(1.0)
 
 

@@ -207,8 +207,11 @@ def _train(kind: str, config: str | None, overrides: list[str]) -> None:
 
     try:
         last = run_training(kind, config, overrides)
-    except (ValueError, FileNotFoundError) as e:
-        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+    except Exception as e:  # noqa: BLE001 - a long job's failure is one line; PARAVT_TRACEBACK=1 shows the stack
+        if os.environ.get("PARAVT_TRACEBACK"):
+            raise
+        known = isinstance(e, (ValueError, OSError, RuntimeError))
+        typer.secho(f"error: {e}" if known else f"error: {type(e).__name__}: {e}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
     if os.environ.get("RANK", "0") == "0":  # under torchrun: once, not once per process
         typer.echo(json.dumps(last))

@@ -48,8 +48,9 @@ class RewardConfig:
     degenerate_marker: str = "<|im_start|>"
     degenerate_im_start: int = 5  # this many markers ...
     degenerate_window: int = 300  # ... within fewer than this many characters: degenerate, reward 0
-    shaping_bias: float = 0.2  # trainer side: r' = (R - bias) * scale
+    shaping_bias: float = 0.2  # trainer side: r' = clip((R - bias) * scale, ±clip)
     shaping_scale: float = 10.0
+    shaping_clip: float = 20.0
 
     def __post_init__(self) -> None:
         if self.oe_metric not in ("f1", "exact", "judge"):
@@ -406,9 +407,9 @@ def score_episode(
 
 
 def shape(total: float, cfg: RewardConfig | None = None) -> float:
-    """Trainer-side shaping of the public recipe: (R − 0.2)·10 (group normalization follows)."""
+    """Trainer-side shaping of the public recipe: (R − 0.2)·10 clipped to ±20 (group normalization follows)."""
     cfg = cfg or RewardConfig()
-    return (total - cfg.shaping_bias) * cfg.shaping_scale
+    return max(-cfg.shaping_clip, min(cfg.shaping_clip, (total - cfg.shaping_bias) * cfg.shaping_scale))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -108,7 +108,7 @@ class Completion:
     # Filled by backends that can (hf); None otherwise.
     prompt_ids: list[int] | None = None  # full context ids as fed, forced prefix included
     token_ids: list[int] | None = None  # generated ids
-    logprobs: list[float] | None = None  # per generated id, under the sampling distribution's model (temperature 1 logits)
+    logprobs: list[float] | None = None  # per generated id: log π_τ, the sampling distribution (logits / temperature)
     assistant_ids: list[int] | None = None  # prefix ids + token_ids: what goes into Message.token_ids next turn
     error: str | None = None
     served_by: str | None = None  # the server that answered (openai backend): its weight version is the rollout's

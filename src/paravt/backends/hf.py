@@ -8,8 +8,8 @@ is not held behind a long one, and its latency does not grow with the other's le
 leaves the batch as soon as it stops, and at once when its caller gives up (a cancelled task,
 a disconnected client): nothing keeps computing for nobody. The event loop never blocks.
 
-Decoding is our own loop rather than `generate()`: we need raw-model logprobs of every chosen
-token for PPO, exact prompt ids for token-exact trajectories, per-row sampling settings and
+Decoding is our own loop rather than `generate()`: we need the sampling distribution's logprob of
+every chosen token for PPO (log π_τ, `policy_log_softmax`), exact prompt ids for token-exact trajectories, per-row sampling settings and
 seeds, per-row stopping, and rows joining and leaving between steps. Every forward pass is the
 model's own `model(...)` with transformers' DynamicCache: the prefill (vision encoder, DeepStack,
 3-D M-RoPE positions from the model's `get_rope_index`) and each decode step (explicit per-row
@@ -223,11 +223,28 @@ def model_inputs(model, renderer: Renderer, rows: list[list[int]], images: list[
     return inputs
 
 
+def policy_log_softmax(logits: torch.Tensor, temperature: float = 1.0,
+                       banned: torch.Tensor | list[int] | None = None) -> torch.Tensor:
+    """log π_τ over the vocabulary: log_softmax(logits / τ) with the never-sampled tokens (vision
+    placeholders) removed. This is the distribution rollouts sample from, so it is the one place
+    behaviour logprobs (the backend), the trainer's ratio, KL and entropy, and drift checks are
+    computed: a gradient of log π₁ under samples of π₀.₇ drifts the entropy step after step.
+    τ <= 0 (greedy) reports the τ = 1 values. Top-p is not folded in (as verl, TRL and AReaL): the
+    truncated tail only matters when top_p < 1, which the recipe does not use."""
+    x = logits.float()
+    if temperature > 0 and temperature != 1.0:
+        x = x / temperature
+    if banned is not None and len(banned):
+        idx = banned if isinstance(banned, torch.Tensor) else torch.tensor(banned, dtype=torch.long)
+        x = x.index_fill(-1, idx.to(x.device), float("-inf"))
+    return torch.log_softmax(x, dim=-1)
+
+
 def sequence_logprobs(model, renderer: Renderer, prompt_ids: list[int], completion_ids: list[int],
-                      images: list[np.ndarray]) -> torch.Tensor:
-    """log pi(completion token | everything before it) under the model's current weights, from one
-    full forward pass (with grad when grad is enabled): the temperature-1 log-softmax of the raw
-    logits, the same quantity `Completion.logprobs` reports at rollout time.
+                      images: list[np.ndarray], temperature: float = 1.0) -> torch.Tensor:
+    """log π_τ(completion token | everything before it) under the model's current weights, from one
+    full forward pass (with grad when grad is enabled): the quantity `Completion.logprobs` reports
+    for a request sampled at `temperature`.
 
     The trainer calls this on exactly the ids a rollout fed and produced
     (`Completion.prompt_ids`, `Completion.token_ids`, and the request's frames in order)."""
@@ -235,11 +252,9 @@ def sequence_logprobs(model, renderer: Renderer, prompt_ids: list[int], completi
         return torch.zeros(0)
     inputs = model_inputs(model, renderer, [list(prompt_ids) + list(completion_ids)], [images])
     out = model(**inputs, use_cache=False, logits_to_keep=len(completion_ids) + 1)
-    logits = out.logits[0, :-1].float()
+    logits = out.logits[0, :-1]
     target = torch.tensor(completion_ids, device=logits.device)
-    return torch.log_softmax(logits, dim=-1).gather(-1, target[:, None])[:, 0]
-
-
+    return policy_log_softmax(logits, temperature, renderer.banned_ids).gather(-1, target[:, None])[:, 0]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -329,28 +344,28 @@ def _select(batch: _Batch, keep: list[int]) -> _Batch | None:
 
 
 def _choose(batch: _Batch, banned: torch.Tensor) -> tuple[list[int], list[float]]:
-    """One token per row: greedy at temperature <= 0, else sampled from softmax(logits / T), top-p
-    truncated, with the row's own seeded generator (so a seeded request gives the same tokens
-    alone or in any batch). Logprobs are the raw model's, log_softmax(logits)[token] at
-    temperature 1 without top-p: what the policy-gradient ratio needs. Vision placeholders are
-    never chosen: a generated one has no frame behind it and would break the next forward pass."""
+    """One token per row: greedy at temperature <= 0, else sampled from π_τ (softmax(logits / T)
+    without the vision placeholders, top-p truncated) with the row's own seeded generator (so a
+    seeded request gives the same tokens alone or in any batch). Each logprob is log π_τ of the
+    chosen token (`policy_log_softmax`), the behaviour policy PPO's ratio needs. Vision placeholders
+    are never chosen: a generated one has no frame behind it and would break the next forward pass."""
     logits = batch.logits
-    lsm = torch.log_softmax(logits, dim=-1)
     if banned.numel():
         logits = logits.index_fill(-1, banned, float("-inf"))
     chosen = torch.argmax(logits, dim=-1).cpu()
+    lps = [0.0] * len(batch.jobs)
     for j, job in enumerate(batch.jobs):
         r = job.request
-        if r.temperature <= 0:
-            continue
-        probs = torch.softmax(logits[j] / r.temperature, dim=-1).cpu()
-        if r.top_p < 1.0:
-            sp, si = torch.sort(probs, descending=True)
-            keep = torch.cumsum(sp, 0) - sp < r.top_p
-            probs = torch.zeros_like(probs).scatter(0, si[keep], sp[keep])
-        chosen[j] = torch.multinomial(probs, 1, generator=job.generator)[0]
-    lp = lsm.gather(-1, chosen.to(lsm.device)[:, None])[:, 0].tolist()
-    return chosen.tolist(), lp
+        lsm = policy_log_softmax(logits[j], r.temperature)
+        if r.temperature > 0:
+            probs = lsm.exp().cpu()
+            if r.top_p < 1.0:
+                sp, si = torch.sort(probs, descending=True)
+                keep = torch.cumsum(sp, 0) - sp < r.top_p
+                probs = torch.zeros_like(probs).scatter(0, si[keep], sp[keep])
+            chosen[j] = torch.multinomial(probs, 1, generator=job.generator)[0]
+        lps[j] = float(lsm[chosen[j]])
+    return chosen.tolist(), lps
 
 
 def _finished(job: _Job, token: int, renderer: Renderer, max_model_len: int) -> bool:

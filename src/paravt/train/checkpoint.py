@@ -82,8 +82,97 @@ def _seal(d: Path, step: Any) -> None:
     _fsync(d)
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint that was not written (no room, unwritable directory, non-finite weights); the
+    previous checkpoint is intact."""
+
+
+def nonfinite_weights(model, engine=None) -> int:
+    """How many parameter values are NaN or infinite (all processes' shards under an engine)."""
+    import torch
+
+    bad = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            t = p.to_local() if hasattr(p, "to_local") else p
+            bad += int((~torch.isfinite(t)).sum())
+    return int(engine.all_sum(bad)) if engine is not None else bad
+
+
+def _needed_bytes(model, optimizer) -> int:
+    """A bound on what a save writes: the consolidated weights, plus the sharded model and the
+    optimizer's state (AdamW: two moments of every trained parameter, fp32) when it is saved."""
+    n = sum(p.numel() for p in model.parameters())
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    return weights + (n * 4 * 3 if optimizer is not None else 0) + (1 << 20)
+
+
+def snapshot(checkpoint: Path, dest: Path) -> None:
+    """A model-only copy of a checkpoint (what `paravt eval --model` and `paravt serve` load)."""
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(checkpoint, dest, ignore=shutil.ignore_patterns(STATE_FILE, COMPLETE_FILE, SHARDS_DIR))
+
+
+def prune_snapshots(out: str | Path, keep: int) -> None:
+    """Keep the newest `keep` OUT/step_<n> snapshots (0 keeps none)."""
+    snaps = sorted(d for d in Path(out).glob("step_*") if d.is_dir() and d.name[5:].isdigit())
+    for d in snaps[: max(len(snaps) - keep, 0)]:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def save_checkpoint(out: str | Path, model, processor, state: dict[str, Any], keep_as: str | None = None, *,
                     engine=None, optimizer=None) -> Path:
+    """`_save_checkpoint` behind two guards: weights with a NaN or infinity are never written (they
+    would replace the last good checkpoint), and a failed write (a full disk, say) removes its partial
+    directory and raises CheckpointError naming the directory and the cause, the previous
+    checkpoint left as it was."""
+    main = engine is None or engine.main
+    plain = engine.unwrap(model) if engine is not None and model is not None else model
+    bad = nonfinite_weights(plain, engine) if plain is not None else 0
+    if bad:
+        raise CheckpointError(f"step {state.get('step')}: refusing to save {bad} non-finite weights over the "
+                              f"checkpoint in {Path(out)} (it still holds the last finite ones)")
+    _, tmp, _ = _leftovers(out)
+    error = None
+    if main:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        need = _needed_bytes(plain, optimizer) if plain is not None else 0
+        free = shutil.disk_usage(Path(out)).free
+        if free < need:
+            error = f"{Path(out)}: not enough free space for a checkpoint ({free / 1e6:.0f} MB free, ~{need / 1e6:.0f} MB needed)"
+    if engine is not None:
+        error = engine.broadcast(error)
+    if error:
+        raise CheckpointError(error)
+    try:
+        return _save_checkpoint(out, model, processor, state, keep_as, engine=engine, optimizer=optimizer)
+    except (OSError, RuntimeError) as e:
+        if main:
+            _remove(tmp)
+        raise CheckpointError(f"{tmp}: the checkpoint could not be written ({_cause(e, Path(out))}); "
+                              "the previous checkpoint is intact") from e
+
+
+def _cause(e: BaseException, where: Path) -> str:
+    """The reason of a failed save in words: torch's serializer reports a full disk as
+    'unexpected pos ...', so ENOSPC is recognised from the free space left too."""
+    import errno
+
+    text = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC or "No space left" in str(e):
+        return "no space left on device"
+    try:
+        if shutil.disk_usage(where).free < (1 << 20):
+            return "no space left on device"
+    except OSError:
+        pass
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror.lower()
+    return text[:200]
+
+
+def _save_checkpoint(out: str | Path, model, processor, state: dict[str, Any], keep_as: str | None = None, *,
+                     engine=None, optimizer=None) -> Path:
     """Write the model (+ processor) and trainer state to OUT/checkpoint (crash-safe, see the module
     docstring); with `optimizer`, the model and optimizer state also go to dcp/ (sharded). With an
     `engine` every process must call this: the consolidated model and the shards are gathered and
@@ -122,9 +211,7 @@ def save_checkpoint(out: str | Path, model, processor, state: dict[str, Any], ke
         _fsync(final.parent)
         _remove(old)
         if keep_as:
-            snap = Path(out) / keep_as
-            shutil.rmtree(snap, ignore_errors=True)
-            shutil.copytree(final, snap, ignore=shutil.ignore_patterns(STATE_FILE, COMPLETE_FILE, SHARDS_DIR))
+            snapshot(final, Path(out) / keep_as)
     if engine is not None:
         engine.barrier()
     return final

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import math
 import types
 import typing
 from pathlib import Path
@@ -92,6 +93,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if not math.isfinite(value):  # lr=inf, kl_coef=nan: NaN compares false, so `kl_coef > 0` would turn the KL off
+            raise ConfigError(f"{key}: must be a finite number, got {value!r}")
         return float(value)
     if tp is str:
         if isinstance(value, bool):  # YAML 1.1 reads off/on (and no/yes) as booleans: `anchoring: off`
@@ -122,6 +125,18 @@ def from_dict(cls: type[T], data: dict, prefix: str = "") -> T:
         raise
     except (ValueError, TypeError) as e:
         raise ConfigError(f"{prefix.rstrip('.') or cls.__name__}: {e}") from None
+
+
+def check_finite(cfg: Any) -> None:
+    """Raise ValueError naming the first float setting of a config (nested ones too) that is NaN or
+    infinite; for configs built in code, which skip the YAML loader's check."""
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        values = v if isinstance(v, (list, tuple)) else [v]
+        if any(isinstance(x, float) and not math.isfinite(x) for x in values):
+            raise ValueError(f"{f.name} must be finite, got {v!r}")
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            check_finite(v)
 
 
 def to_dict(cfg: Any) -> dict:

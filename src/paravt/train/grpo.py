@@ -37,7 +37,7 @@ import torch
 
 from paravt.agent import EpisodeConfig
 from paravt.rewards import RewardConfig
-from paravt.train.config import ConfigError, load_config, to_dict
+from paravt.train.config import ConfigError, check_finite, load_config, to_dict
 from paravt.train.rollout import RolloutConfig
 from paravt.train.sequences import Batch, TrainSequence
 from paravt.video import MAX_FRAMES
@@ -72,11 +72,13 @@ class GRPOConfig:
     anchoring: str = "token"  # token | sequence | off
     reward: RewardConfig = field(default_factory=RewardConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)  # in-process, or on inference servers
-    include_subagents: bool = True  # sub-agent generations as extra sequences
-    adv_eps: float = 1e-6
-    batch_norm_advantages: bool = True
+    include_subagents: bool = False  # sub-agent generations as extra sequences (release: off; docs/rl.md)
+    adv_eps: float = 1e-5
+    adv_norm: str = "token"  # token: over the batch's trained tokens (recipe) | episode: over its episodes | group
     clip_eps: float = 0.2
     kl_coef: float = 0.01  # 0 -> no reference model
+    kl_mode: str = "reward"  # reward: k1 in the per-token reward, clamped (recipe) | loss: k3 in the loss
+    kl_clamp: float = 10.0  # |log π_old − log π_ref| per token in the KL reward
     lr: float = 2e-6
     lr_schedule: str = "constant"  # constant | cosine
     warmup_steps: int = 0
@@ -99,7 +101,11 @@ class GRPOConfig:
     seed: int = 0
     log_every: int = 1
     save_every: int = 25
-    keep_checkpoints: bool = False
+    keep_checkpoints: int = 0  # also keep the last N saves as OUT/step_<n> (model only)
+    keep_best: str = ""  # a step metric (e.g. reward): OUT/best holds the save where it was highest
+    max_nonfinite_steps: int = 3  # steps in a row whose update was skipped (non-finite loss/grad) before stopping
+    warn_entropy_ratio: float = 2.0  # warn when the entropy passes this multiple of the run's first steps'
+    warn_kl: float = 0.3  # warn when the KL to the reference (nats/token) passes this
     log_rollouts: bool = True  # OUT/rollouts.jsonl: one record per episode
 
     def __post_init__(self) -> None:
@@ -115,11 +121,16 @@ class GRPOConfig:
             raise ValueError(f"k_choices must be frame counts in 1..{MAX_FRAMES}, got {self.k_choices}")
         if self.fixed_k > MAX_FRAMES:
             raise ValueError(f"fixed_k must be <= {MAX_FRAMES}, got {self.fixed_k}")
-        if not (self.lr > 0 and self.grad_clip > 0 and self.clip_eps > 0 and self.adv_eps > 0):
-            raise ValueError("lr, grad_clip, clip_eps and adv_eps must be > 0")
-        if self.kl_coef < 0 or self.weight_decay < 0 or self.warmup_steps < 0:
-            raise ValueError("kl_coef, weight_decay and warmup_steps must be >= 0")
+        check_finite(self)
+        if not (self.lr > 0 and self.grad_clip > 0 and self.clip_eps > 0 and self.adv_eps > 0 and self.kl_clamp > 0):
+            raise ValueError("lr, grad_clip, clip_eps, adv_eps and kl_clamp must be > 0")
+        if self.kl_coef < 0 or self.weight_decay < 0 or self.warmup_steps < 0 or self.keep_checkpoints < 0:
+            raise ValueError("kl_coef, weight_decay, warmup_steps and keep_checkpoints must be >= 0")
+        if self.max_nonfinite_steps < 1:
+            raise ValueError(f"max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
         for name, value, choices in (("anchoring", self.anchoring, ("token", "sequence", "off")),
+                                     ("adv_norm", self.adv_norm, ("token", "episode", "group")),
+                                     ("kl_mode", self.kl_mode, ("reward", "loss")),
                                      ("lr_schedule", self.lr_schedule, ("constant", "cosine")),
                                      ("dtype", self.dtype, ("fp32", "bf16")),
                                      ("mixed_precision", self.mixed_precision, ("no", "bf16")),
@@ -172,7 +183,7 @@ def prompt_schedule(step: int, per_step: int, n_prompts: int, seed: int) -> list
 # advantages and loss (pure tensor code, tested on hand-built numbers)
 
 
-def group_advantages(rewards: list[list[float]], eps: float = 1e-6, batch_norm: bool = True) -> list[list[float]]:
+def group_advantages(rewards: list[list[float]], eps: float = 1e-5, batch_norm: bool = True) -> list[list[float]]:
     """(r − mean_group) / (std_group + eps) per prompt group (unbiased std, as verl's GRPO), then,
     with batch_norm, the same over all episodes of the batch. A group whose rollouts all score
     the same gets zero advantage: it carries no preference."""
@@ -191,6 +202,39 @@ def normalize(values: list[float], population: list[float], eps: float) -> list[
     if t.numel() < 2 or float(t.max() - t.min()) == 0.0:
         return [0.0] * len(values)
     return ((v - t.mean()) / (t.std(unbiased=True) + eps)).tolist()
+
+
+def kl_reward_to_go(old_logp: list[float], ref_logp: list[float], mask: list[int], coef: float,
+                    clamp: float = 10.0) -> list[float]:
+    """The recipe's KL regulariser as reward (AReaL): each trained token earns
+    −coef · clamp(log π_old − log π_ref, ±clamp) (k1, the behaviour policy's tokens, no gradient), and
+    a token's advantage gains the sum of these from it to the end of the sequence, the return with
+    γ = λ = 1 and no critic (the scalar reward sits at the end, so every token gets all of it)."""
+    out = [0.0] * len(mask)
+    acc = 0.0
+    for i in range(len(mask) - 1, -1, -1):
+        if mask[i]:
+            acc -= coef * max(-clamp, min(clamp, old_logp[i] - ref_logp[i]))
+            out[i] = acc
+    return out
+
+
+def normalize_tokens(seqs: list[TrainSequence], eps: float, all_sum: Callable[[float], float] = float
+                     ) -> tuple[float, float]:
+    """The recipe's batch step: advantages minus their mean over every trained token of the batch (all
+    processes: `all_sum`), divided by their unbiased std + eps, in place. Over tokens, not episodes,
+    so the token-mean loss sees advantages that sum to zero even when length correlates with reward.
+    Returns (mean, std)."""
+    vals = [a for q in seqs for a, m in zip(q.advantages, q.mask) if m]
+    n = all_sum(len(vals))
+    if n < 2:
+        return 0.0, 0.0
+    mean = all_sum(sum(vals)) / n
+    var = max(all_sum(sum((v - mean) ** 2 for v in vals)) / (n - 1), 0.0)
+    std = math.sqrt(var)
+    for q in seqs:
+        q.advantages = [(a - mean) / (std + eps) if m else 0.0 for a, m in zip(q.advantages, q.mask)]
+    return mean, std
 
 
 def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
@@ -352,18 +396,14 @@ def train_grpo(cfg: GRPOConfig, console=None, make_backend: Callable[..., Any] |
 def _train_grpo(cfg: GRPOConfig, console, make_backend) -> dict:
     from rich.console import Console
     from paravt.backends.hf import HFBackend, Renderer
-    from paravt.rewards import score_episode, shape
-    from paravt.train.checkpoint import (find_checkpoint, load_policy, make_optimizer, restore_optimizer,
-                                         save_checkpoint)
+    from paravt.train.checkpoint import find_checkpoint, load_policy, make_optimizer, restore_optimizer
     from paravt.train.logging import RunLogger
-    from paravt.train.sequences import episode_sequences
     from paravt.train.sft import make_engine
 
     console = console or Console()
     engine = make_engine(cfg)
-    world, rank = engine.world, engine.rank
-    if cfg.prompts_per_step < world:
-        raise ConfigError(f"prompts_per_step ({cfg.prompts_per_step}) must be >= the {world} processes")
+    if cfg.prompts_per_step < engine.world:
+        raise ConfigError(f"prompts_per_step ({cfg.prompts_per_step}) must be >= the {engine.world} processes")
     out = Path(cfg.out)
     samples = _load_samples(cfg)
     device = str(engine.device)
@@ -395,16 +435,17 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend) -> dict:
         ref = engine.prepare(ref, frozen=True)
     renderer = Renderer(processor)
     params, opt, sched = make_optimizer(base, cfg, cfg.freeze_vision)
-    step = 0
+    run = _RunState()
     if resume:
-        step = restore_optimizer(out, opt, sched, engine=engine, model=model)
-        console.print(f"[dim]resuming from {resumed_from} at step {step}[/dim]")
+        run.step = restore_optimizer(out, opt, sched, engine=engine, model=model)
+        run.load(load_state_of(out))
+        console.print(f"[dim]resuming from {resumed_from} at step {run.step}[/dim]")
     servers = None
     if cfg.rollout.engine == "servers":
         if make_backend is not None:
             raise ConfigError("make_backend serves in-process rollouts; rollout.engine servers uses the servers")
         servers = _start_servers(cfg, engine, source, out)
-        sync_s = _sync(engine, servers, model, processor, out, step)  # the policy as it starts (fresh or resumed)
+        sync_s = _sync(engine, servers, model, processor, out, run.step)  # the policy as it starts (fresh or resumed)
         console.print(f"[dim]rollouts on {len(servers.urls)} server(s): {', '.join(servers.urls)} "
                       f"(weights synced in {sync_s:.1f} s)[/dim]")
     else:
@@ -413,93 +454,50 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend) -> dict:
     if engine.main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
-        _truncate_jsonl(out / "rollouts.jsonl", step)
-    log = RunLogger(out, "grpo", resume_step=step, enabled=engine.main)
+        _truncate_jsonl(out / "rollouts.jsonl", run.step)
+    log = RunLogger(out, "grpo", resume_step=run.step, enabled=engine.main)
     rollout_file = open(out / "rollouts.jsonl", "a") if engine.main and cfg.log_rollouts else None
-    episode_cfg = cfg.episode
     k_choices = list(cfg.k_choices) if cfg.gating else [cfg.fixed_k]
     last: dict = {}
     try:
-        while step < cfg.steps:
+        while run.step < cfg.steps:
             t_step = time.perf_counter()
-            # 1. this process's prompts and their K
-            schedule = prompt_schedule(step, cfg.prompts_per_step, len(samples), cfg.seed)
-            jobs = []
-            for gi, (idx, epoch) in enumerate(schedule):
-                if gi % world != rank:
-                    continue
-                s = samples[idx]
-                k = gate_k(cfg.seed, s.id, epoch, cfg.k_choices) if cfg.gating else cfg.fixed_k
-                jobs += [Job(gi, r, s, k, epoch, rollout_seed(cfg.seed, step, s.id, r))
-                         for r in range(cfg.rollouts_per_prompt)]
+            step = run.step
+            jobs = _plan_jobs(cfg, samples, step, engine.world, engine.rank)
 
-            # 2. rollouts (policy in eval mode, whole weights under FSDP; the backend decodes without grad)
+            # rollouts (policy in eval mode, whole weights under FSDP; the backend decodes without grad)
             base.eval()
             t0 = time.perf_counter()
             if servers is not None:
                 gather_s = 0.0
-                results = asyncio.run(run_rollouts(servers.backend(), jobs, episode_cfg, cfg.temperature, cfg.top_p))
+                results = asyncio.run(run_rollouts(servers.backend(), jobs, cfg.episode, cfg.temperature, cfg.top_p))
                 _check_served(results, servers, step)
             else:
                 with engine.gathered(model) as gather_s:
-                    results = asyncio.run(run_rollouts(backend, jobs, episode_cfg, cfg.temperature, cfg.top_p))
+                    results = asyncio.run(run_rollouts(backend, jobs, cfg.episode, cfg.temperature, cfg.top_p))
             rollout_s = time.perf_counter() - t0
 
-            # 3. rewards and advantages, per group; a group with a failed episode is dropped
-            by_group: dict[int, list[tuple[Job, Any]]] = {}
-            for job, res in zip(jobs, results):
-                by_group.setdefault(job.group, []).append((job, res))
-            dropped = []
-            kept: list[list[tuple[Job, Any, Any]]] = []
-            for gi, items in by_group.items():
-                errors = [res for _, res in items if isinstance(res, BaseException)]
-                if errors:
-                    dropped.append(f"prompt {items[0][0].sample.id}: {type(errors[0]).__name__}: {errors[0]}")
-                    continue
-                group = []
-                for job, ep in items:
-                    s = job.sample
-                    bd = score_episode(ep.main_texts(), ep.answer, s.answer, s.question_type, ep.n_parsed_calls,
-                                       ep.n_executed_calls, cfg.reward, prefix=ep.config.prefix,
-                                       anchoring=cfg.anchoring, options=s.extra.get("options"), question=s.question)
-                    group.append((job, ep, bd))
-                kept.append(group)
+            kept, dropped = _score_groups(cfg, jobs, results)
             for d in dropped:
                 console.print(f"[yellow]step {step + 1}: dropped a group ({d})[/yellow]")
-            shaped = [[shape(bd.total, cfg.reward) for _, _, bd in g] for g in kept]
-            advs = group_advantages(shaped, cfg.adv_eps, batch_norm=False)
-            if cfg.batch_norm_advantages:  # over the whole batch, all processes together
-                flat = engine.gather([a for g in advs for a in g])
-                advs = [normalize(g, flat, cfg.adv_eps) for g in advs]
-
-            # 4. sequences
-            seqs: list[TrainSequence] = []
-            drift = 0
-            records = []
-            for group, group_adv in zip(kept, advs):
-                for (job, ep, bd), a in zip(group, group_adv):
-                    ep_seqs, drifted = episode_sequences(
-                        ep, a, renderer, include_subagents=cfg.include_subagents, anchoring=cfg.anchoring,
-                        reward_cfg=cfg.reward, strict=cfg.strict_continuation, group=job.group, episode=job.rollout)
-                    drift += int(drifted)
-                    seqs += [q for q in ep_seqs if q.n_trained > 0]
-                    rec = episode_record(ep, job, bd, step + 1)
-                    rec["advantage"] = a
-                    records.append(rec)
+            seqs, records, drift = _build_sequences(cfg, engine, renderer, kept, step)
             if drift:
                 console.print(f"[yellow]step {step + 1}: {drift} episodes broke the continuation property; "
                               "trained per turn[/yellow]")
+            if not engine.all_max(len(seqs)):
+                why = f" (first: {dropped[0]})" if dropped else ""
+                raise RuntimeError(f"step {step + 1}: no trainable sequences: every group was dropped{why}")
+            kl_stats = _advantages(cfg, engine, ref, base, renderer, seqs)
 
-            # 5. update
             base.train()
             t1 = time.perf_counter()
-            upd = _update(cfg, engine, model, base, ref, renderer, opt, params, seqs, step)
+            upd = {**_update(cfg, engine, model, base, ref, renderer, opt, params, seqs, step), **kl_stats}
             sched.step()
             update_s = time.perf_counter() - t1
-            step += 1
+            run.step = step = step + 1
+            run.nonfinite_streak = run.nonfinite_streak + 1 if upd["skipped_updates"] == upd["updates"] else 0
             sync_s = _sync(engine, servers, model, processor, out, step) if servers is not None else 0.0
 
-            # 6. metrics, logs, checkpoint
             all_records = engine.gather(records)
             n_gen = sum(r["gen_tokens"] for r in all_records)
             metrics = {**rollout_metrics(all_records, k_choices), **upd,
@@ -520,11 +518,17 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend) -> dict:
                 if step % cfg.log_every == 0 or step == cfg.steps:
                     log.log(step, metrics, histograms={"K": [r["k"] for r in all_records if r["rollout"] == 0]})
                     console.print(_step_line(last, cfg.steps))
+                for w in run.warnings(metrics, cfg):
+                    console.print(f"[yellow]step {step}: {w}[/yellow]")
+            if run.nonfinite_streak >= cfg.max_nonfinite_steps:
+                raise TrainingDiverged(
+                    f"step {step}: the update was skipped {run.nonfinite_streak} steps in a row because the "
+                    f"{'loss' if not math.isfinite(upd['loss']) else 'gradient norm'} was not finite "
+                    f"(grad_norm {upd['grad_norm']}, loss {upd['loss']}); lower lr (now {cfg.lr:g}). "
+                    f"The last checkpoint in {out} holds the weights of before (none were saved non-finite)")
+            run.track(metrics, cfg)
             if step % cfg.save_every == 0 or step == cfg.steps:
-                save_checkpoint(out, model, processor,
-                                {"scheduler": sched.state_dict(), "step": step, "config": to_dict(cfg), "kind": "grpo"},
-                                keep_as=f"step_{step:06d}" if cfg.keep_checkpoints else None,
-                                engine=engine, optimizer=opt)
+                _save(cfg, out, model, processor, sched, opt, engine, run, metrics)
     finally:
         log.close()
         if rollout_file:
@@ -533,6 +537,195 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend) -> dict:
             servers.close()
         engine.close()
     return last
+
+
+class TrainingDiverged(RuntimeError):
+    """Updates were skipped (non-finite loss or gradient) too many steps in a row."""
+
+
+@dataclass
+class _RunState:
+    """What the loop carries from step to step and a resumed run restores: the step, the run of
+    skipped updates, the entropy of the first steps (the divergence warning's baseline) and the
+    best value of `keep_best` saved so far."""
+
+    step: int = 0
+    nonfinite_streak: int = 0
+    entropy_start: list[float] = field(default_factory=list)
+    best: float | None = None
+    since_save: list[float] = field(default_factory=list)
+
+    def load(self, state: dict) -> None:
+        run = state.get("run") or {}
+        self.entropy_start = list(run.get("entropy_start", []))
+        self.best = run.get("best")
+
+    def to_dict(self) -> dict:
+        return {"entropy_start": self.entropy_start, "best": self.best}
+
+    def track(self, metrics: dict, cfg: GRPOConfig) -> None:
+        ent = metrics.get("entropy")
+        if ent is not None and math.isfinite(ent) and len(self.entropy_start) < 5:
+            self.entropy_start.append(float(ent))
+        if cfg.keep_best:
+            if cfg.keep_best not in metrics:
+                raise ConfigError(f"keep_best: no step metric {cfg.keep_best!r} (known: {', '.join(sorted(metrics))})")
+            self.since_save.append(float(metrics[cfg.keep_best]))
+
+    def warnings(self, metrics: dict, cfg: GRPOConfig) -> list[str]:
+        """The signs of a diverging run that paravt's earlier RL runs showed some 15 steps before
+        their accuracy fell: entropy doubling, the KL to the reference climbing."""
+        out = []
+        ent, kl = metrics.get("entropy"), metrics.get("kl")
+        if self.entropy_start and ent is not None:
+            start = sum(self.entropy_start) / len(self.entropy_start)
+            if start > 0 and ent > cfg.warn_entropy_ratio * start:
+                out.append(f"entropy {ent:.3f} is {ent / start:.1f}x the run's first steps' ({start:.3f}): the policy "
+                           "may be diverging (lower lr, raise kl_coef, or evaluate a kept checkpoint)")
+        if kl is not None and kl > cfg.warn_kl:
+            out.append(f"KL to the reference {kl:.3f} nats/token is above warn_kl {cfg.warn_kl:g}")
+        if metrics.get("skipped_updates"):
+            out.append(f"{metrics['skipped_updates']} of {metrics['updates']} updates skipped: non-finite loss or "
+                       f"gradient norm (grad_norm {metrics['grad_norm']})")
+        return out
+
+
+def load_state_of(out: Path) -> dict:
+    from paravt.train.checkpoint import load_state
+
+    return load_state(out)
+
+
+def _save(cfg: GRPOConfig, out: Path, model, processor, sched, opt, engine, run: _RunState, metrics: dict) -> None:
+    """OUT/checkpoint (resume), the last `keep_checkpoints` step snapshots, and OUT/best when the
+    `keep_best` metric's mean since the last save beats every earlier save's."""
+    from paravt.train.checkpoint import prune_snapshots, save_checkpoint, snapshot
+
+    value = sum(run.since_save) / len(run.since_save) if run.since_save else None
+    is_best = bool(cfg.keep_best) and value is not None and (run.best is None or value > run.best)
+    if is_best:
+        run.best = value
+    run.since_save = []
+    state = {"scheduler": sched.state_dict(), "step": run.step, "config": to_dict(cfg), "kind": "grpo",
+             "run": run.to_dict(), "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
+    final = save_checkpoint(out, model, processor, state,
+                            keep_as=f"step_{run.step:06d}" if cfg.keep_checkpoints else None, engine=engine,
+                            optimizer=opt)
+    if engine.main:
+        prune_snapshots(out, cfg.keep_checkpoints)
+        if is_best:
+            snapshot(final, out / "best")
+            (out / "best" / "best.json").write_text(json.dumps({"step": run.step, cfg.keep_best: value}))
+
+
+def _plan_jobs(cfg: GRPOConfig, samples: list["RLSample"], step: int, world: int, rank: int) -> list[Job]:
+    """This process's rollouts of `step`: its prompts (a seeded schedule), each with its K
+    (nFrames gating) and n rollout seeds."""
+    jobs = []
+    for gi, (idx, epoch) in enumerate(prompt_schedule(step, cfg.prompts_per_step, len(samples), cfg.seed)):
+        if gi % world != rank:
+            continue
+        s = samples[idx]
+        k = gate_k(cfg.seed, s.id, epoch, cfg.k_choices) if cfg.gating else cfg.fixed_k
+        jobs += [Job(gi, r, s, k, epoch, rollout_seed(cfg.seed, step, s.id, r)) for r in range(cfg.rollouts_per_prompt)]
+    return jobs
+
+
+def _score_groups(cfg: GRPOConfig, jobs: list[Job], results: list) -> tuple[list[list[tuple]], list[str]]:
+    """Each group's (job, episode, reward breakdown); a group with a failed episode is dropped
+    (its reason returned), since its advantages would compare unlike things."""
+    from paravt.rewards import score_episode
+
+    by_group: dict[int, list[tuple[Job, Any]]] = {}
+    for job, res in zip(jobs, results):
+        by_group.setdefault(job.group, []).append((job, res))
+    dropped, kept = [], []
+    for items in by_group.values():
+        errors = [res for _, res in items if isinstance(res, BaseException)]
+        if errors:
+            dropped.append(f"prompt {items[0][0].sample.id}: {type(errors[0]).__name__}: {errors[0]}")
+            continue
+        group = []
+        for job, ep in items:
+            s = job.sample
+            bd = score_episode(ep.main_texts(), ep.answer, s.answer, s.question_type, ep.n_parsed_calls,
+                               ep.n_executed_calls, cfg.reward, prefix=ep.config.prefix, anchoring=cfg.anchoring,
+                               options=s.extra.get("options"), question=s.question)
+            group.append((job, ep, bd))
+        kept.append(group)
+    return kept, dropped
+
+
+def _build_sequences(cfg: GRPOConfig, engine, renderer, kept: list[list[tuple]], step: int
+                     ) -> tuple[list[TrainSequence], list[dict], int]:
+    """Token-exact sequences carrying their episode's group-normalised (shaped, clipped) reward
+    (+ the token anchors), the episodes' log records, and how many episodes drifted. With
+    adv_norm `episode` the values are normalised again over the batch's episodes here."""
+    from paravt.rewards import shape
+    from paravt.train.sequences import episode_sequences
+
+    shaped = [[shape(bd.total, cfg.reward) for _, _, bd in g] for g in kept]
+    advs = group_advantages(shaped, cfg.adv_eps, batch_norm=False)
+    if cfg.adv_norm == "episode":  # over the whole batch's episodes, all processes together
+        flat = engine.gather([a for g in advs for a in g])
+        advs = [normalize(g, flat, cfg.adv_eps) for g in advs]
+    seqs: list[TrainSequence] = []
+    records = []
+    drift = 0
+    for group, group_adv in zip(kept, advs):
+        for (job, ep, bd), a in zip(group, group_adv):
+            ep_seqs, drifted = episode_sequences(
+                ep, a, renderer, include_subagents=cfg.include_subagents, anchoring=cfg.anchoring,
+                reward_cfg=cfg.reward, strict=cfg.strict_continuation, group=job.group, episode=job.rollout)
+            drift += int(drifted)
+            seqs += [q for q in ep_seqs if q.n_trained > 0]
+            rec = episode_record(ep, job, bd, step + 1)
+            rec["advantage"] = a
+            records.append(rec)
+    return seqs, records, drift
+
+
+def _advantages(cfg: GRPOConfig, engine, ref, base, renderer, seqs: list[TrainSequence]) -> dict[str, float]:
+    """Per-token advantages as the recipe forms them, in place: with kl_mode `reward`, the KL
+    reward-to-go from a reference pass over the rollout tokens; with adv_norm `token`, the batch
+    normalisation over trained tokens. Returns the KL statistics (k3 and k1 per token)."""
+    stats: dict[str, float] = {}
+    if ref is not None and cfg.kl_mode == "reward":
+        reference_logprobs(engine, ref, base, renderer, seqs, cfg.micro_batch_size, cfg.temperature)
+        k1 = k3 = n = 0.0
+        for q in seqs:
+            kl = kl_reward_to_go(q.old_logprobs, q.ref_logprobs, q.mask, cfg.kl_coef, cfg.kl_clamp)
+            q.advantages = [a + k for a, k in zip(q.advantages, kl)]
+            for m, old, r in zip(q.mask, q.old_logprobs, q.ref_logprobs):
+                if m:
+                    d = r - old
+                    k1, k3, n = k1 - d, k3 + math.expm1(d) - d, n + 1
+        n = max(engine.all_sum(n), 1.0)
+        stats = {"kl": engine.all_sum(k3) / n, "kl_k1": engine.all_sum(k1) / n}
+    if cfg.adv_norm == "token":
+        mean, std = normalize_tokens(seqs, cfg.adv_eps, engine.all_sum)
+        stats.update({"adv_token_mean": mean, "adv_token_std": std})
+    return stats
+
+
+def reference_logprobs(engine, ref, base, renderer, seqs: list[TrainSequence], micro_batch_size: int,
+                       temperature: float) -> None:
+    """log π_ref,τ of every sequence's tokens (`TrainSequence.ref_logprobs`), without grad; every
+    process runs the same number of passes (sharded reference: collectives must match)."""
+    from paravt.train.sequences import collate, micro_batches, per_sequence, token_logprobs
+
+    groups = micro_batches(seqs, micro_batch_size)
+    n = engine.all_max(len(groups))
+    with torch.no_grad():
+        for gi in range(n):
+            real = gi < len(groups)
+            group = groups[gi if real else 0]
+            batch = collate(base, renderer, group)
+            with engine.autocast():
+                lp, _ = token_logprobs(ref, batch, temperature=temperature, banned=renderer.banned_ids)
+            if real:
+                for q, row in zip(group, per_sequence(group, lp.float())):
+                    q.ref_logprobs = row
 
 
 def _start_servers(cfg: GRPOConfig, engine, source: str, out: Path):
@@ -584,31 +777,34 @@ def _check_served(results: list, servers, step: int) -> None:
 def _update(cfg: GRPOConfig, engine, model, base, ref, renderer, opt, params, seqs: list[TrainSequence],
             step: int) -> dict[str, float]:
     """PPO epochs x minibatches of optimizer steps over the step's sequences (this process's share;
-    the loss is the token mean over all processes' sequences, see sft.backward_micro_batches)."""
+    the loss is the token mean over all processes' sequences, see sft.backward_micro_batches).
+    Every logprob is log π_τ at the rollouts' temperature. An optimizer step whose loss or gradient
+    norm is not finite is skipped (as the recipe's engine does) and counted: applying it would
+    write NaN into every weight."""
     import numpy as np
 
     from paravt.train.sequences import micro_batches, token_logprobs
     from paravt.train.sft import backward_micro_batches
 
-    if not seqs:
-        raise RuntimeError(f"step {step + 1}: no trainable sequences on process {engine.rank} (every group was dropped)")
     n_mb = -engine.all_max(-min(cfg.minibatches, len(seqs)))  # every process takes the same optimizer steps
     rng = np.random.default_rng([cfg.seed, step, 7])
     totals = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "clipped": 0.0, "ratio": 0.0, "entropy": 0.0, "tokens": 0}
     drift = {"sum": 0.0, "tokens": 0}
-    grad_norms = []
+    grad_norms, skipped = [], 0
     first_pass = True
     t0 = time.perf_counter()
     seen_tokens = 0
+    kl_in_loss = ref is not None and cfg.kl_mode == "loss"
 
     def surrogate(batch: Batch, real: bool) -> torch.Tensor:
-        logp, ent = token_logprobs(model, batch, with_entropy=True)
+        logp, ent = token_logprobs(model, batch, with_entropy=True, temperature=cfg.temperature,
+                                   banned=renderer.banned_ids)
         ref_logp = None
-        if ref is not None:
+        if kl_in_loss:
             with torch.no_grad():
-                ref_logp, _ = token_logprobs(ref, batch)
+                ref_logp, _ = token_logprobs(ref, batch, temperature=cfg.temperature, banned=renderer.banned_ids)
         loss, stats = ppo_loss(logp, batch.old_logprobs, batch.advantages, batch.mask, 1, cfg.clip_eps, ref_logp,
-                               cfg.kl_coef)  # summed over the micro-batch's trained tokens
+                               cfg.kl_coef if kl_in_loss else 0.0)  # summed over the micro-batch's trained tokens
         if real:
             for k in ("pg", "clipped", "ratio", "kl"):
                 if k in stats:
@@ -626,25 +822,36 @@ def _update(cfg: GRPOConfig, engine, model, base, ref, renderer, opt, params, se
             mb_seqs = [seqs[i] for i in order[mb::n_mb]]
             n_tok = int(engine.all_sum(sum(q.n_trained for q in mb_seqs)))
             opt.zero_grad(set_to_none=True)
-            totals["loss"] += backward_micro_batches(engine, model, base, renderer,
-                                                     micro_batches(mb_seqs, cfg.micro_batch_size), n_tok, surrogate)
+            mb_loss = engine.all_sum(backward_micro_batches(engine, model, base, renderer,
+                                                            micro_batches(mb_seqs, cfg.micro_batch_size), n_tok,
+                                                            surrogate))
+            totals["loss"] += mb_loss
             seen_tokens += sum(len(q.ids) for q in mb_seqs)
-            if not math.isfinite(totals["loss"]):
-                raise FloatingPointError(f"GRPO loss is not finite at step {step + 1}")
-            grad_norms.append(engine.clip_grad_norm(params, cfg.grad_clip))
-            opt.step()
+            gnorm = engine.clip_grad_norm(params, cfg.grad_clip)  # the global norm: every process agrees
+            grad_norms.append(gnorm)
             first_pass = False
-    totals = {k: engine.all_sum(v) for k, v in totals.items()}
+            if not (math.isfinite(mb_loss) and math.isfinite(gnorm)):
+                opt.zero_grad(set_to_none=True)
+                skipped += 1
+                continue
+            opt.step()
+    totals = {k: v if k == "loss" else engine.all_sum(v) for k, v in totals.items()}
     t = max(totals["tokens"], 1)
-    return {"loss": totals["loss"] / t, "pg_loss": totals["pg"] / t, "kl": totals["kl"] / t,
-            "clip_frac": totals["clipped"] / t, "ratio_mean": totals["ratio"] / t, "entropy": totals["entropy"] / t,
-            "grad_norm": sum(grad_norms) / len(grad_norms), "trained_tokens": int(totals["tokens"]) // cfg.ppo_epochs,
-            "logprob_drift": engine.all_sum(drift["sum"]) / max(engine.all_sum(drift["tokens"]), 1),
-            "train_tokens_per_s": engine.all_sum(seen_tokens) / max(time.perf_counter() - t0, 1e-9)}
+    finite = [g for g in grad_norms if math.isfinite(g)]
+    out = {"loss": totals["loss"] / t, "pg_loss": totals["pg"] / t,
+           "clip_frac": totals["clipped"] / t, "ratio_mean": totals["ratio"] / t, "entropy": totals["entropy"] / t,
+           "grad_norm": sum(finite) / len(finite) if len(finite) == len(grad_norms) else float("nan"),
+           "updates": len(grad_norms), "skipped_updates": skipped,
+           "trained_tokens": int(totals["tokens"]) // cfg.ppo_epochs,
+           "logprob_drift": engine.all_sum(drift["sum"]) / max(engine.all_sum(drift["tokens"]), 1),
+           "train_tokens_per_s": engine.all_sum(seen_tokens) / max(time.perf_counter() - t0, 1e-9)}
+    if kl_in_loss:
+        out["kl"] = totals["kl"] / t
+    return out
 
 
 def _step_line(m: dict, total: int) -> str:
     ks = " ".join(f"{k.split('/')[1]}:{v:.0%}" for k, v in m.items() if k.startswith("k_frac/") and v > 0)
     return (f"step {m['step']}/{total}  R {m.get('reward', float('nan')):.3f}  acc {m.get('accuracy', 0):.2f}  "
             f"fτ {m.get('f_tau', 0):.2f}  κ {m.get('kappa', 0):.2f}  K[{ks}]  loss {m['loss']:.4f}  "
-            f"kl {m['kl']:.4f}  {m['step_time_s']:.1f}s")
+            f"kl {m.get('kl', 0.0):.4f}  H {m.get('entropy', 0.0):.3f}  {m['step_time_s']:.1f}s")

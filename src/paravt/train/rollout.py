@@ -76,14 +76,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_command(kind: str, model: str, port: int, python: str = "", extra: list[str] | None = None) -> list[str]:
-    """The command line of one rollout server on loopback."""
+def launch_command(kind: str, model: str, port: int, python: str = "", extra: list[str] | None = None,
+                   device: str = "") -> list[str]:
+    """The command line of one rollout server on loopback. vLLM is asked for processed logprobs: log π_τ
+    of the sampled token after temperature scaling, the behaviour policy the trainer's ratio divides by
+    (its default, raw logprobs, are the τ = 1 values; see docs/rl.md). On a CPU it runs without chunked
+    prefill: its CPU engine dies under many concurrent seeded requests otherwise ("CPU Generator does
+    not use offset")."""
     if kind == "paravt":
         return [python or sys.executable, "-m", "paravt", "serve", "--model", model, "--port", str(port), "--rl-api",
                 *(extra or [])]
     if kind == "vllm":
+        cpu = ["--no-enable-chunked-prefill"] if device == "cpu" else []
         return [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host",
-                "127.0.0.1", "--port", str(port), *(extra or [])]
+                "127.0.0.1", "--port", str(port), "--logprobs-mode", "processed_logprobs", *cpu, *(extra or [])]
     raise ValueError(f"cannot launch {kind!r} servers")
 
 
@@ -121,7 +127,7 @@ class RolloutServers:
                     if dev == "cpu":
                         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
                 log = open(log_dir / f"server_{i}.log", "w")
-                procs.append(subprocess.Popen(launch_command(cfg.launch, model, port, cfg.vllm_python, cfg.server_args),
+                procs.append(subprocess.Popen(launch_command(cfg.launch, model, port, cfg.vllm_python, cfg.server_args, dev),
                                               stdout=log, stderr=subprocess.STDOUT, env=env))
                 urls.append(f"http://127.0.0.1:{port}")
             servers = cls(cfg, list(cfg.servers) + urls, procs)

@@ -45,6 +45,7 @@ class TrainSequence:
     kind: str = "main"  # main | sub | sft
     group: int = -1  # prompt group index in the step
     episode: int = -1  # episode index in the step
+    ref_logprobs: list[float] | None = None  # the reference's log π_τ per position (GRPO's KL reward), 0 untrained
 
     def __post_init__(self) -> None:
         n = len(self.ids)
@@ -218,18 +219,39 @@ def collate(base_model, renderer: "Renderer", seqs: list[TrainSequence], device=
                  n_tokens=int(mask.sum().item()))
 
 
-def token_logprobs(model, batch: Batch, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log π(target | context) at every target column (temperature-1 logits, the same scale the hf
-    backend reports rollout logprobs in), and optionally the per-token entropy (no grad)."""
+def token_logprobs(model, batch: Batch, with_entropy: bool = False, temperature: float = 1.0,
+                   banned: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log π_τ(target | context) at every target column, and optionally the per-token entropy of π_τ
+    (no grad). GRPO passes the rollouts' temperature and the backend's never-sampled ids, so the
+    ratio, KL and entropy are those of the policy that sampled (`policy_log_softmax`, the function
+    the hf backend reports rollout logprobs with); SFT uses τ = 1."""
+    from paravt.backends.hf import policy_log_softmax
+
     out = model(**batch.inputs, use_cache=False, logits_to_keep=batch.keep)
-    logits = out.logits[:, :-1].float()
-    lsm = torch.log_softmax(logits, dim=-1)
+    lsm = policy_log_softmax(out.logits[:, :-1], temperature, banned)
     logp = lsm.gather(-1, batch.targets[..., None]).squeeze(-1)
     entropy = None
     if with_entropy:
         with torch.no_grad():
-            entropy = -(lsm.exp() * lsm).sum(-1)
+            p = lsm.exp()
+            entropy = -(p * lsm.masked_fill(p == 0, 0.0)).sum(-1)
     return logp, entropy
+
+
+def per_sequence(seqs: list[TrainSequence], values: torch.Tensor) -> list[list[float]]:
+    """A (B, columns) tensor laid out as `collate` lays out its targets (left-padded, from the batch's
+    first trained column) back as one list per sequence, aligned with its ids (0 before the columns)."""
+    width = max(len(s.ids) for s in seqs)
+    start = width - values.shape[1]
+    out = []
+    for i, s in enumerate(seqs):
+        offset = start - (width - len(s.ids))  # the sequence position of column 0
+        row = [0.0] * len(s.ids)
+        for j, v in enumerate(values[i].tolist()):
+            if offset + j >= 0:
+                row[offset + j] = v
+        out.append(row)
+    return out
 
 
 def micro_batches(seqs: list[TrainSequence], size: int) -> list[list[TrainSequence]]:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from paravt import protocol as P
-from paravt.train.config import ConfigError, load_config, to_dict
+from paravt.train.config import ConfigError, check_finite, load_config, to_dict
 from paravt.train.sequences import TrainSequence
 
 VIDEO_PLACEHOLDER = "<video>"
@@ -60,9 +60,13 @@ class SFTConfig:
     seed: int = 0
     log_every: int = 1
     save_every: int = 100
-    keep_checkpoints: bool = False  # also keep OUT/step_<n> snapshots
+    keep_checkpoints: int = 0  # also keep the last N saves as OUT/step_<n> snapshots
+    max_nonfinite_steps: int = 3  # steps in a row whose update was skipped (non-finite loss/grad) before stopping
 
     def __post_init__(self) -> None:
+        check_finite(self)
+        if self.keep_checkpoints < 0 or self.max_nonfinite_steps < 1:
+            raise ValueError("keep_checkpoints must be >= 0 and max_nonfinite_steps >= 1")
         for name in ("steps", "batch_size", "micro_batch_size", "max_frames", "log_every", "save_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -297,8 +301,8 @@ def _train_sft(cfg: SFTConfig, console=None) -> dict:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from paravt.backends.hf import Renderer
-    from paravt.train.checkpoint import (find_checkpoint, load_policy, make_optimizer, restore_optimizer,
-                                         save_checkpoint)
+    from paravt.train.checkpoint import (find_checkpoint, load_policy, make_optimizer, prune_snapshots,
+                                         restore_optimizer, save_checkpoint)
     from paravt.train.logging import RunLogger
     from paravt.train.sequences import micro_batches, token_logprobs
 
@@ -343,6 +347,7 @@ def _train_sft(cfg: SFTConfig, console=None) -> dict:
     readers = _Readers()
     per_rank = cfg.batch_size // world
     last: dict = {}
+    streak = 0
     t_run = time.perf_counter()
 
     def nll(batch, real: bool) -> torch.Tensor:
@@ -367,10 +372,22 @@ def _train_sft(cfg: SFTConfig, console=None) -> dict:
                 local = backward_micro_batches(engine, model, base, renderer,
                                                micro_batches(seqs, cfg.micro_batch_size), n_tok, nll)
                 total = engine.all_sum(local) / n_tok  # the batch's mean token NLL
-                if not math.isfinite(total):
-                    raise FloatingPointError(f"SFT loss is {total} at step {step}")
                 gnorm = engine.clip_grad_norm(params, cfg.grad_clip)
-                opt.step()
+                if math.isfinite(total) and math.isfinite(gnorm):
+                    opt.step()
+                    streak = 0
+                else:  # skipped, as the recipe's engine does: applying it writes NaN into every weight
+                    opt.zero_grad(set_to_none=True)
+                    streak += 1
+                    console.print(f"[yellow]step {step + 1}: update skipped (loss {total}, grad_norm {gnorm})[/yellow]")
+                    if streak >= cfg.max_nonfinite_steps:
+                        from paravt.train.grpo import TrainingDiverged
+
+                        raise TrainingDiverged(
+                            f"step {step + 1}: the update was skipped {streak} steps in a row because the "
+                            f"{'loss' if not math.isfinite(total) else 'gradient norm'} was not finite (loss {total}, "
+                            f"grad_norm {gnorm}); lower lr (now {cfg.lr:g}). The last checkpoint in {out} holds "
+                            "the weights of before (none were saved non-finite)")
                 sched.step()
                 step += 1
                 dt = time.perf_counter() - t0
@@ -387,6 +404,8 @@ def _train_sft(cfg: SFTConfig, console=None) -> dict:
                                      "kind": "sft"},
                                     keep_as=f"step_{step:06d}" if cfg.keep_checkpoints else None,
                                     engine=engine, optimizer=opt)
+                    if engine.main:
+                        prune_snapshots(out, cfg.keep_checkpoints)
     finally:
         readers.close()
         log.close()
