@@ -153,3 +153,70 @@ def test_snapshots_hold_the_model_only(tmp_path, tiny_dir):
     snap = {p.name for p in (tmp_path / "step_000004").iterdir()}
     assert STATE_FILE not in snap and COMPLETE_FILE not in snap and "config.json" in snap
     load_model(str(tmp_path / "step_000004"), device="cpu")
+
+
+def _tmpfs(path, size: str) -> bool:
+    import subprocess
+
+    path.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+def test_a_full_disk_fails_the_save_in_one_line_and_keeps_the_last_checkpoint(tmp_path, tiny_dir, monkeypatch):
+    """On a real full file system (a small tmpfs): the save fails with CheckpointError naming the
+    directory and 'no space left on device' (torch reports it as 'unexpected pos ...'), the partial
+    checkpoint.tmp is removed, the previous checkpoint is intact; with the space check on, the save
+    is refused before writing anything."""
+    import subprocess
+
+    from paravt.models import load_model
+
+    disk = tmp_path / "disk"
+    if not _tmpfs(disk, "40m"):
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        model, processor = load_model(str(tiny_dir), device="cpu")
+        opt = torch.optim.AdamW(model.parameters())
+        from paravt.train.engine import init_engine
+
+        engine = init_engine("single", "cpu")
+        ck.save_checkpoint(disk, model, processor, {"step": 1}, engine=engine, optimizer=opt)
+        free = ck.shutil.disk_usage(disk).free
+        (disk / "filler").write_bytes(b"\0" * (free - 3_000_000))  # room for part of a checkpoint only
+        with pytest.raises(ck.CheckpointError, match="not enough free space"):
+            ck.save_checkpoint(disk, model, processor, {"step": 2}, engine=engine, optimizer=opt)
+        monkeypatch.setattr(ck, "_needed_bytes", lambda *a: 0)  # past the check: the write itself fails
+        with pytest.raises(ck.CheckpointError) as e:
+            ck.save_checkpoint(disk, model, processor, {"step": 2}, engine=engine, optimizer=opt)
+        msg = str(e.value)
+        assert "no space left on device" in msg and str(disk / "checkpoint.tmp") in msg and "\n" not in msg, msg
+        assert not (disk / "checkpoint.tmp").exists()
+        assert load_state(disk)["step"] == 1 and find_checkpoint(disk) == disk / "checkpoint"
+        load_model(str(disk / "checkpoint"), device="cpu")
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+def test_non_finite_weights_are_never_saved(tmp_path, tiny_dir):
+    from paravt.models import load_model
+
+    model, processor = load_model(str(tiny_dir), device="cpu")
+    ck.save_checkpoint(tmp_path, model, processor, {"step": 1})
+    with torch.no_grad():
+        next(model.parameters())[0].fill_(float("nan"))
+    with pytest.raises(ck.CheckpointError, match=r"refusing to save \d+ non-finite weights"):
+        ck.save_checkpoint(tmp_path, model, processor, {"step": 2})
+    assert load_state(tmp_path)["step"] == 1
+    again, _ = load_model(str(tmp_path / "checkpoint"), device="cpu")
+    assert all(torch.isfinite(p).all() for p in again.parameters())
+
+
+def test_only_the_newest_snapshots_are_kept(tmp_path, tiny_dir):
+    from paravt.models import load_model
+
+    model, processor = load_model(str(tiny_dir), device="cpu")
+    for step in (2, 4, 6, 8):
+        ck.save_checkpoint(tmp_path, model, processor, {"step": step}, keep_as=f"step_{step:06d}")
+        ck.prune_snapshots(tmp_path, 2)
+    assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_000006", "step_000008"]

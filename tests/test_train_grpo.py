@@ -344,3 +344,54 @@ def test_two_para_grpo_steps_then_resume(tiny_dir, rl_split, tmp_path):
     assert train_grpo(cfg, make_backend=ToolCallingHF)["step"] == 3  # resumed at 2
     assert [r["step"] for r in read_log(out)] == [1, 2, 3]
     assert {json.loads(l)["step"] for l in (out / "rollouts.jsonl").read_text().splitlines()} == {1, 2, 3}
+
+
+def test_a_non_finite_update_is_skipped_and_never_saved(tiny_dir, rl_split, tmp_path):
+    """Every update's loss is NaN (the policy's logits poisoned in training mode only): the updates are
+    skipped and counted, the checkpoint keeps finite weights (the starting ones), and after
+    max_nonfinite_steps such steps the run stops with one line naming the step and the quantity."""
+    from paravt.train.checkpoint import load_state
+    from paravt.train.grpo import TrainingDiverged
+
+    def poisoned(model, processor, **kw):
+        model.lm_head.register_forward_hook(lambda mod, args, out: out * float("nan") if mod.training else out)
+        return HFBackend(model, processor, **kw)
+
+    out = tmp_path / "run"
+    cfg = GRPOConfig.load(None, [f"model={tiny_dir}", f"data={rl_split / 'rl.parquet'}", f"out={out}", "steps=5",
+                                 "prompts_per_step=1", "rollouts_per_prompt=2", "k_choices=[2]",
+                                 "episode.max_turns=1", "episode.max_new_tokens=4", "device=cpu", "threads=1",
+                                 "save_every=1", "max_nonfinite_steps=2", "kl_coef=0"])
+    with pytest.raises(TrainingDiverged, match=r"step 2: the update was skipped 2 steps in a row because the loss"):
+        train_grpo(cfg, make_backend=poisoned)
+    assert load_state(out)["step"] == 1
+    assert read_log(out)[0]["skipped_updates"] == 1
+    before, _ = load_model(str(tiny_dir), device="cpu")
+    after, _ = load_model(str(out / "checkpoint"), device="cpu")
+    b = before.state_dict()
+    assert all(torch.equal(t, b[n]) for n, t in after.state_dict().items())
+
+
+@pytest.mark.parametrize("override", ["lr=inf", "kl_coef=nan", "clip_eps=-inf", "reward.w_fmt=nan"])
+def test_non_finite_settings_are_refused_at_load(override):
+    from paravt.train.config import ConfigError
+
+    with pytest.raises(ConfigError, match="finite"):
+        GRPOConfig.load(None, [override])
+
+
+def test_non_finite_settings_in_code_are_refused():
+    with pytest.raises(ValueError, match="kl_coef must be finite"):
+        GRPOConfig(kl_coef=float("nan"))
+
+
+def test_train_errors_are_one_line(rl_split, tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "paravt", "train", "grpo", "-o", f"data={rl_split / 'rl.parquet'}",
+                        "-o", f"model={tmp_path / 'no-such-checkpoint'}", "-o", f"out={tmp_path / 'run'}",
+                        "-o", "device=cpu"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and "no-such-checkpoint" in lines[0], r.stderr

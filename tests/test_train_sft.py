@@ -195,3 +195,32 @@ def test_resume_after_a_crash_between_the_checkpoint_renames(split, tiny_dir, tm
     assert load_state(out)["step"] == 3
     assert sorted(p.name for p in out.glob("checkpoint*")) == ["checkpoint"]
     assert [rec["step"] for rec in read_log(out)] == [1, 2, 3]
+
+
+def test_non_finite_updates_are_skipped_then_the_run_stops_in_one_line(split, tiny_dir, tmp_path, monkeypatch):
+    """From the third step on the loss is NaN: those updates are skipped (the weights stay finite and
+    every checkpoint holds them), and the third skip in a row stops the run naming the step."""
+    import paravt.train.sequences as seqmod
+    from paravt.train.grpo import TrainingDiverged
+
+    real, calls = seqmod.token_logprobs, {"n": 0}
+
+    def poisoned(model, batch, **kw):
+        logp, ent = real(model, batch, **kw)
+        calls["n"] += 1
+        return (logp * float("nan"), ent) if calls["n"] > 2 else (logp, ent)
+
+    monkeypatch.setattr(seqmod, "token_logprobs", poisoned)
+    out = tmp_path / "run"
+    cfg = SFTConfig(model=str(tiny_dir), data=str(split / "sft.parquet"), out=str(out), steps=10, batch_size=2,
+                    micro_batch_size=2, save_every=1, lr=1e-3, warmup_steps=0, device="cpu", threads=1)
+    with pytest.raises(TrainingDiverged, match=r"step 5: the update was skipped 3 steps in a row because the loss"):
+        train_sft(cfg)
+    assert load_state(out)["step"] == 4
+    after, _ = load_model(str(out / "checkpoint"), device="cpu")
+    assert all(torch.isfinite(p).all() for p in after.parameters())
+
+
+def test_non_finite_settings_are_refused():
+    with pytest.raises(ConfigError, match="lr: must be a finite number"):
+        SFTConfig.load(None, ["lr=.inf"])

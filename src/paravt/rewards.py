@@ -32,6 +32,8 @@ class RewardConfig:
     """The reward constants of the public recipe (SPEC §2) as defaults."""
 
     w_fmt: float = 1.0
+    w_acc: float = 1.0  # R = w_acc·R_acc + w_fmt·R_fmt + w_tool·R_tool; the recipe weighs accuracy and tool at 1
+    w_tool: float = 1.0  # 0: the paper's "PARA-GRPO − R_tool" ablation
     answer_suffix: bool = True  # format weights think/answer body/</answer>: 0.2/0.3/0.2 on, 0.3/0.2/0.1 off
     fmt_think_before_call: float = 0.3  # a closed substantive think before a parseable tool call
     fmt_balanced: float = 0.1  # every tag pair balanced (only added when the score is already > 0)
@@ -386,7 +388,7 @@ def score_episode(
     options: list[str] | None = None,
     question: str = "",
 ) -> RewardBreakdown:
-    """R = R_acc + w_fmt·R_fmt + R_tool.
+    """R = w_acc·R_acc + w_fmt·R_fmt + w_tool·R_tool (the recipe: weights 1, 1, 1).
 
     anchoring == "sequence": R_fmt carries λ·anchor inside it, before its balance gate and cap, as
     the public release computes it (the paper's numbers come from that placement). "token": the
@@ -403,7 +405,8 @@ def score_episode(
     tool = tool_reward(n_parsed_calls, n_executed_calls, acc, cfg)
     if is_degenerate(join_turns(main_texts, prefix), cfg):
         return RewardBreakdown(acc, fmt, anc, tool, 0.0, degenerate=True, format_total=fmt_total)
-    return RewardBreakdown(acc, fmt, anc, tool, acc + cfg.w_fmt * fmt_total + tool, format_total=fmt_total)
+    return RewardBreakdown(acc, fmt, anc, tool, cfg.w_acc * acc + cfg.w_fmt * fmt_total + cfg.w_tool * tool,
+                           format_total=fmt_total)
 
 
 def shape(total: float, cfg: RewardConfig | None = None) -> float:

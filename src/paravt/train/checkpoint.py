@@ -144,9 +144,11 @@ def save_checkpoint(out: str | Path, model, processor, state: dict[str, Any], ke
         error = engine.broadcast(error)
     if error:
         raise CheckpointError(error)
+    from safetensors import SafetensorError
+
     try:
         return _save_checkpoint(out, model, processor, state, keep_as, engine=engine, optimizer=optimizer)
-    except (OSError, RuntimeError) as e:
+    except (OSError, RuntimeError, SafetensorError) as e:  # what torch, DCP and safetensors raise on a failed write
         if main:
             _remove(tmp)
         raise CheckpointError(f"{tmp}: the checkpoint could not be written ({_cause(e, Path(out))}); "

@@ -380,20 +380,22 @@ def _truncate_jsonl(path: Path, step: int) -> None:
     path.write_text("".join(k + "\n" for k in kept))
 
 
-def train_grpo(cfg: GRPOConfig, console=None, make_backend: Callable[..., Any] | None = None) -> dict:
+def train_grpo(cfg: GRPOConfig, console=None, make_backend: Callable[..., Any] | None = None,
+               reward_fn: Callable[["Episode", "RLSample"], float] | None = None) -> dict:
     """Run (or resume) PARA-GRPO; returns the last step's metrics. Checkpoints, log.jsonl,
     TensorBoard events and rollouts.jsonl go to cfg.out.
 
     make_backend(model, processor, max_batch) -> Backend serves the rollouts (default: the
     in-process HFBackend over the policy being trained). It must report token ids and logprobs
-    of the policy's own weights, or the sequences cannot be built."""
+    of the policy's own weights, or the sequences cannot be built. reward_fn(episode, sample) -> R
+    replaces the total of paravt.rewards (a task of your own; the terms are still logged)."""
     from paravt.train.checkpoint import torch_threads
 
     with torch_threads(cfg.threads):
-        return _train_grpo(cfg, console, make_backend)
+        return _train_grpo(cfg, console, make_backend, reward_fn)
 
 
-def _train_grpo(cfg: GRPOConfig, console, make_backend) -> dict:
+def _train_grpo(cfg: GRPOConfig, console, make_backend, reward_fn=None) -> dict:
     from rich.console import Console
     from paravt.backends.hf import HFBackend, Renderer
     from paravt.train.checkpoint import find_checkpoint, load_policy, make_optimizer, restore_optimizer
@@ -477,7 +479,7 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend) -> dict:
                     results = asyncio.run(run_rollouts(backend, jobs, cfg.episode, cfg.temperature, cfg.top_p))
             rollout_s = time.perf_counter() - t0
 
-            kept, dropped = _score_groups(cfg, jobs, results)
+            kept, dropped = _score_groups(cfg, jobs, results, reward_fn)
             for d in dropped:
                 console.print(f"[yellow]step {step + 1}: dropped a group ({d})[/yellow]")
             seqs, records, drift = _build_sequences(cfg, engine, renderer, kept, step)
@@ -631,7 +633,8 @@ def _plan_jobs(cfg: GRPOConfig, samples: list["RLSample"], step: int, world: int
     return jobs
 
 
-def _score_groups(cfg: GRPOConfig, jobs: list[Job], results: list) -> tuple[list[list[tuple]], list[str]]:
+def _score_groups(cfg: GRPOConfig, jobs: list[Job], results: list, reward_fn=None
+                  ) -> tuple[list[list[tuple]], list[str]]:
     """Each group's (job, episode, reward breakdown); a group with a failed episode is dropped
     (its reason returned), since its advantages would compare unlike things."""
     from paravt.rewards import score_episode
@@ -651,6 +654,8 @@ def _score_groups(cfg: GRPOConfig, jobs: list[Job], results: list) -> tuple[list
             bd = score_episode(ep.main_texts(), ep.answer, s.answer, s.question_type, ep.n_parsed_calls,
                                ep.n_executed_calls, cfg.reward, prefix=ep.config.prefix, anchoring=cfg.anchoring,
                                options=s.extra.get("options"), question=s.question)
+            if reward_fn is not None:
+                bd = replace(bd, total=float(reward_fn(ep, s)))
             group.append((job, ep, bd))
         kept.append(group)
     return kept, dropped
