@@ -28,12 +28,15 @@ from pathlib import Path
 
 from paravt.synth.oracle import stated_answer
 
-VARIANTS = {  # overrides of src/paravt/configs/grpo_tiny.yaml (PARA-GRPO with token anchoring)
-    "vanilla": ["gating=false", "anchoring=off"],
-    "para_token": [],
-    "para_sequence": ["anchoring=sequence"],
-    "anchoring_only": ["gating=false"],
-    "gating_only": ["anchoring=off"],
+# overrides of src/paravt/configs/grpo_tiny.yaml (PARA-GRPO with token anchoring). The vanilla baseline is
+# the release's: no nFrames gating, no anchoring, and its format prompt without the think prefix and the
+# answer suffix. Each run has a seed of its own (--set seed=N overrides them all).
+VARIANTS = {
+    "vanilla": ["gating=false", "anchoring=off", "episode.think_prefix=false", "reward.answer_suffix=false", "seed=1"],
+    "para_token": ["seed=2"],
+    "para_sequence": ["anchoring=sequence", "seed=3"],
+    "anchoring_only": ["gating=false", "seed=4"],
+    "gating_only": ["anchoring=off", "seed=5"],
 }
 LABELS = {"sft": "SFT start", "vanilla": "vanilla GRPO", "para_token": "PARA-GRPO (token anchor)",
           "para_sequence": "PARA-GRPO (sequence anchor)", "anchoring_only": "anchoring only",
@@ -59,7 +62,8 @@ def train_jobs(a) -> list[tuple[list[str], Path]]:
         out = a.out / "rl" / name
         cmd = [*a.paravt, "train", "grpo", "--config", a.config, "-o", f"model={a.sft}",
                "-o", f"data={a.train}/rl.parquet", "-o", f"out={out}", "-o", f"steps={a.steps}", "-o", "threads=1"]
-        for o in overrides + a.set:
+        mine = [o for o in overrides if not (o.startswith("seed=") and any(x.startswith("seed=") for x in a.set))]
+        for o in mine + a.set:
             cmd += ["-o", o]
         jobs.append((cmd, out / "train.log"))
     return jobs

@@ -308,7 +308,8 @@ def test_two_para_grpo_steps_then_resume(tiny_dir, rl_split, tmp_path):
     overrides = [f"model={tiny_dir}", f"data={rl_split / 'rl.parquet'}", f"out={out}", "steps=2", f"seed={seed}",
                  "prompts_per_step=2", "rollouts_per_prompt=2", "k_choices=[2, 4]", "episode.max_turns=2",
                  "episode.max_new_tokens=12", "episode.sub_max_new_tokens=6", "episode.sub_max_frames=4",
-                 "lr=1e-3", "device=cpu", "threads=1", "save_every=2", "adv_norm=group", "include_subagents=true"]
+                 "lr=1e-3", "device=cpu", "threads=1", "save_every=1", "adv_norm=group", "include_subagents=true",
+                 "keep_checkpoints=1", "keep_best=reward"]
     cfg = GRPOConfig.load(None, overrides)
     backends = []
     last = train_grpo(cfg, make_backend=lambda *a, **k: backends.append(ToolCallingHF(*a, **k)) or backends[-1])
@@ -327,6 +328,9 @@ def test_two_para_grpo_steps_then_resume(tiny_dir, rl_split, tmp_path):
         assert key in log[0], key
     assert sum(r["seqs_sub"] for r in log) > 0 and log[0]["kappa"] > 0
     assert list((out / "tb").glob("events.*"))
+    assert sorted(p.name for p in out.glob("step_*")) == ["step_000002"]  # keep_checkpoints=1: the newest only
+    best = json.loads((out / "best" / "best.json").read_text())
+    assert best["reward"] == max(r["reward"] for r in log) and best["step"] == max(log, key=lambda r: r["reward"])["step"]
 
     rec = [json.loads(l) for l in (out / "rollouts.jsonl").read_text().splitlines()]
     assert len(rec) == 2 * 2 * 2
