@@ -24,8 +24,10 @@ def main() -> None:
     from paravt.train.grpo import GRPOConfig, _update
 
     data = pickle.load(open(seqs_path, "rb"))
-    # two PPO epochs: the second sees the updated policy, so the KL to the reference is not 0
-    cfg = GRPOConfig(lr=1e-3, kl_coef=0.01, micro_batch_size=1, ppo_epochs=2, engine=kind, device="cpu")
+    # two PPO epochs: the second sees the updated policy, so the KL to the reference is not 0; the KL
+    # in the loss (k3) exercises the sharded reference inside the backward pass
+    cfg = GRPOConfig(lr=1e-3, kl_coef=0.01, kl_mode="loss", micro_batch_size=1, ppo_epochs=2, engine=kind,
+                     device="cpu")
     engine = init_engine(cfg.engine, cfg.device, cfg.mixed_precision)
     model, processor = load_policy(model_dir, device="cpu")
     model.train()

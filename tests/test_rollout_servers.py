@@ -149,3 +149,14 @@ def test_grpo_with_two_rollout_servers_trains_and_resumes(split, tmp_path):
     # step 2 rolled out on the synced weights: the trainer recomputes the servers' logprobs
     assert last["logprob_drift"] < 1e-4 and last["episodes"] == 8 and last["sync_s"] > 0
     assert sorted(p.name for p in (out / "sync").iterdir()) == ["1", "2"]
+
+
+def test_a_launched_vllm_reports_the_sampling_distributions_logprobs():
+    """vLLM's default logprobs are the τ = 1 values; the trainer's ratio needs log π_τ. On a CPU it also
+    runs without chunked prefill (its CPU engine dies under many concurrent seeded requests)."""
+    from paravt.train.rollout import launch_command
+
+    gpu = launch_command("vllm", "m", 8000, device="0")
+    cpu = launch_command("vllm", "m", 8000, device="cpu")
+    assert gpu[gpu.index("--logprobs-mode") + 1] == "processed_logprobs" and "--no-enable-chunked-prefill" not in gpu
+    assert "--no-enable-chunked-prefill" in cpu and "processed_logprobs" in cpu

@@ -399,3 +399,17 @@ def test_train_errors_are_one_line(rl_split, tmp_path):
     assert r.returncode == 2
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and "no-such-checkpoint" in lines[0], r.stderr
+
+
+def test_divergence_warnings():
+    """Entropy past twice the run's first steps', KL past warn_kl, skipped updates: each is said."""
+    from paravt.train.grpo import _RunState
+
+    cfg = GRPOConfig()
+    run = _RunState()
+    for ent in (0.25, 0.24, 0.26, 0.25, 0.25, 9.0):  # only the first five make the baseline
+        run.track({"entropy": ent}, cfg)
+    assert run.entropy_start == [0.25, 0.24, 0.26, 0.25, 0.25]
+    assert run.warnings({"entropy": 0.4, "kl": 0.05, "skipped_updates": 0}, cfg) == []
+    said = run.warnings({"entropy": 0.6, "kl": 0.8, "skipped_updates": 1, "updates": 1, "grad_norm": float("nan")}, cfg)
+    assert len(said) == 3 and "2.4x" in said[0] and "0.800" in said[1] and "1 of 1 updates skipped" in said[2]

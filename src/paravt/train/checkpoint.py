@@ -87,6 +87,20 @@ class CheckpointError(RuntimeError):
     previous checkpoint is intact."""
 
 
+class TrainingDiverged(RuntimeError):
+    """Updates were skipped (non-finite loss or gradient) too many steps in a row."""
+
+
+def diverged(step: int, streak: int, loss: float, grad_norm: float, lr: float, out: str | Path) -> TrainingDiverged:
+    """The one-line error that ends a run whose last `streak` updates were all skipped."""
+    import math
+
+    what = "loss" if not math.isfinite(loss) else "gradient norm"
+    return TrainingDiverged(f"step {step}: the update was skipped {streak} steps in a row because the {what} was not "
+                            f"finite (loss {loss}, grad_norm {grad_norm}); lower lr (now {lr:g}). The last checkpoint "
+                            f"in {Path(out)} holds the weights of before (none were saved non-finite)")
+
+
 def nonfinite_weights(model, engine=None) -> int:
     """How many parameter values are NaN or infinite (all processes' shards under an engine)."""
     import torch

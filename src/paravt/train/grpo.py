@@ -37,6 +37,7 @@ import torch
 
 from paravt.agent import EpisodeConfig
 from paravt.rewards import RewardConfig
+from paravt.train.checkpoint import TrainingDiverged  # noqa: F401  (raised by train_grpo; importable from here)
 from paravt.train.config import ConfigError, check_finite, load_config, to_dict
 from paravt.train.rollout import RolloutConfig
 from paravt.train.sequences import Batch, TrainSequence
@@ -398,7 +399,7 @@ def train_grpo(cfg: GRPOConfig, console=None, make_backend: Callable[..., Any] |
 def _train_grpo(cfg: GRPOConfig, console, make_backend, reward_fn=None) -> dict:
     from rich.console import Console
     from paravt.backends.hf import HFBackend, Renderer
-    from paravt.train.checkpoint import find_checkpoint, load_policy, make_optimizer, restore_optimizer
+    from paravt.train.checkpoint import diverged, find_checkpoint, load_policy, make_optimizer, restore_optimizer
     from paravt.train.logging import RunLogger
     from paravt.train.sft import make_engine
 
@@ -523,11 +524,7 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend, reward_fn=None) -> dict:
                 for w in run.warnings(metrics, cfg):
                     console.print(f"[yellow]step {step}: {w}[/yellow]")
             if run.nonfinite_streak >= cfg.max_nonfinite_steps:
-                raise TrainingDiverged(
-                    f"step {step}: the update was skipped {run.nonfinite_streak} steps in a row because the "
-                    f"{'loss' if not math.isfinite(upd['loss']) else 'gradient norm'} was not finite "
-                    f"(grad_norm {upd['grad_norm']}, loss {upd['loss']}); lower lr (now {cfg.lr:g}). "
-                    f"The last checkpoint in {out} holds the weights of before (none were saved non-finite)")
+                raise diverged(step, run.nonfinite_streak, upd["loss"], upd["grad_norm"], cfg.lr, out)
             run.track(metrics, cfg)
             if step % cfg.save_every == 0 or step == cfg.steps:
                 _save(cfg, out, model, processor, sched, opt, engine, run, metrics)
@@ -539,10 +536,6 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend, reward_fn=None) -> dict:
             servers.close()
         engine.close()
     return last
-
-
-class TrainingDiverged(RuntimeError):
-    """Updates were skipped (non-finite loss or gradient) too many steps in a row."""
 
 
 @dataclass

@@ -301,7 +301,7 @@ def _train_sft(cfg: SFTConfig, console=None) -> dict:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from paravt.backends.hf import Renderer
-    from paravt.train.checkpoint import (find_checkpoint, load_policy, make_optimizer, prune_snapshots,
+    from paravt.train.checkpoint import (diverged, find_checkpoint, load_policy, make_optimizer, prune_snapshots,
                                          restore_optimizer, save_checkpoint)
     from paravt.train.logging import RunLogger
     from paravt.train.sequences import micro_batches, token_logprobs
@@ -381,13 +381,7 @@ def _train_sft(cfg: SFTConfig, console=None) -> dict:
                     streak += 1
                     console.print(f"[yellow]step {step + 1}: update skipped (loss {total}, grad_norm {gnorm})[/yellow]")
                     if streak >= cfg.max_nonfinite_steps:
-                        from paravt.train.grpo import TrainingDiverged
-
-                        raise TrainingDiverged(
-                            f"step {step + 1}: the update was skipped {streak} steps in a row because the "
-                            f"{'loss' if not math.isfinite(total) else 'gradient norm'} was not finite (loss {total}, "
-                            f"grad_norm {gnorm}); lower lr (now {cfg.lr:g}). The last checkpoint in {out} holds "
-                            "the weights of before (none were saved non-finite)")
+                        raise diverged(step + 1, streak, total, gnorm, cfg.lr, out)
                 sched.step()
                 step += 1
                 dt = time.perf_counter() - t0
