@@ -200,3 +200,38 @@ def test_timeline_of_an_episode_with_failures_and_inline_frames(video, tmp_path)
         png = draw_timeline(ep, tmp_path / f"{mode}.png")
         img = mpimg.imread(png)
         assert img.shape[1] == 1100 and img.shape[0] > 300  # 10 in wide at 110 dpi
+
+
+@pytest.mark.parametrize("question, expected", [
+    ("What colour was the circle?", "oe"),
+    ("Which shape was red?\nA. square\nB. circle", "mcq"),
+    ("Which shape was red?\n(A) square\n(B) circle", "mcq"),
+    ("Which shape was red?\nA) square\nB) circle", "mcq"),
+])
+def test_the_question_type_follows_the_question_unless_given(video, scripted, tmp_path, question, expected):
+    """An open question used to get the letter prompt (mcq was the default) and a different answer."""
+    trace = tmp_path / "t.json"
+    r = invoke(video, question, "--json", trace)
+    assert r.exit_code == 0, r.output
+    assert f"question type: {expected}" in r.stdout
+    assert json.loads(trace.read_text())["question_type"] == expected
+    prompt = scripted[0][2].requests[0].messages[-1].text()
+    assert prompt.endswith(P.answer_instruction(expected)), prompt
+    r = invoke(video, question, "--question-type", "tvg", "--json", trace)
+    assert r.exit_code == 0 and json.loads(trace.read_text())["question_type"] == "tvg"
+    assert "question type:" not in r.stdout
+
+
+def test_the_timeline_draws_the_true_span_when_known(video, scripted, tmp_path, monkeypatch):
+    from paravt.timeline import draw_timeline
+
+    ep = run_episode_sync(ScriptedBackend([TURN1, ANSWER], sub="ok"), video, "Which?\nA. a\nB. b", EpisodeConfig(frames=4))
+    spans = []
+    import matplotlib.axes
+
+    real = matplotlib.axes.Axes.axvspan
+    monkeypatch.setattr(matplotlib.axes.Axes, "axvspan", lambda self, s, e, **k: spans.append((s, e)) or real(self, s, e, **k))
+    draw_timeline(ep, tmp_path / "a.png")
+    assert spans == []
+    draw_timeline(ep, tmp_path / "b.png", truth=[(12.0, 14.5)])
+    assert spans == [(12.0, 14.5)]

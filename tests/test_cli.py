@@ -140,3 +140,21 @@ def test_episode_config_bounds_frames():
     assert MAX_FRAMES == 10000 and EpisodeConfig(frames=MAX_FRAMES).frames == MAX_FRAMES
     with pytest.raises(ValueError, match="frames must be <= 10000"):
         EpisodeConfig(frames=MAX_FRAMES + 1)
+
+
+def test_synth_help_names_every_question_kind():
+    from paravt.synth.questions import DEFAULT_KINDS, EVENT_KINDS
+
+    r = runner.invoke(app, ["synth", "--help"], env={"COLUMNS": "400"})
+    text = " ".join(r.output.split())
+    listed = text.split("kinds to ask:")[1].split("The background")[0]
+    assert [k for k in EVENT_KINDS if k in listed.replace(",", " ").split()] == list(EVENT_KINDS)
+    assert "default mix" in listed and all(k in listed.split("(the default mix")[0] for k in DEFAULT_KINDS)
+
+
+@pytest.mark.parametrize("flag", [["--size", "0"], ["--fps", "0"], ["--size", "33"]])
+def test_synth_bad_frame_settings_write_nothing(tmp_path, flag):
+    out = tmp_path / "split"
+    r = runner.invoke(app, ["synth", "--out", str(out), "--n", "5", *flag])
+    assert r.exit_code == 2 and "error:" in r.output
+    assert not out.exists()

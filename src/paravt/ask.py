@@ -12,10 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.panel import Panel
 
+from paravt import DEFAULT_MODEL  # the shipped checkpoint; $PARAVT_MODEL overrides it
 from paravt.agent import Episode, EpisodeConfig, run_episode
-
-# Where a trained tiny checkpoint ships with the package; PARAVT_MODEL overrides it.
-DEFAULT_MODEL = Path(__file__).parent / "assets" / "tiny-paravt"
 
 
 def default_model() -> str | None:
@@ -114,20 +112,37 @@ def live_printer(console: Console, status=None) -> Callable[[str, dict], None]:
     return on_event
 
 
-def ask(video: str, question: str, *, model: str | None, config: EpisodeConfig, question_type: str = "mcq",
+def question_type_of(question: str, question_type: str = "auto") -> str:
+    """`auto` reads the question: options listed one per line ("A. …", "(A) …", "A) …") make it
+    multiple choice, anything else open-ended (a grounding question must say `tvg`). An open
+    question answered under the letter prompt gets a different, usually wrong, answer."""
+    from paravt import protocol as P
+    from paravt.rewards import options_from_question
+
+    if question_type == "auto":
+        return "mcq" if options_from_question(question) else "oe"
+    if question_type not in P.QUESTION_TYPES:
+        raise ValueError(f"--question-type must be auto or one of {', '.join(P.QUESTION_TYPES)}, got {question_type!r}")
+    return question_type
+
+
+def ask(video: str, question: str, *, model: str | None, config: EpisodeConfig, question_type: str = "auto",
         json_path: str | None = None, timeline_path: str | None = None, api_key: str | None = None,
         subtitles: str | None = None, console: Console | None = None, backend=None) -> Episode:
     """Run one episode, print it live, optionally write its JSON trace and timeline picture.
     The video is opened first so that a bad file fails before a model is loaded. `backend`
     replaces the one `model` names (tests, embedding)."""
-    from paravt import protocol as P
     from paravt.video import VideoReader
 
     console = console or Console()
-    if question_type not in P.QUESTION_TYPES:
-        raise ValueError(f"--question-type must be one of {', '.join(P.QUESTION_TYPES)}, got {question_type!r}")
     if not question.strip():
         raise ValueError("the question is empty")
+    asked = question_type
+    question_type = question_type_of(question, question_type)
+    if asked == "auto":
+        console.print(f"[dim]question type: {question_type} ("
+                      + ("options found in the question" if question_type == "mcq" else
+                         "no 'A. …' option lines found; --question-type mcq or tvg to override") + ")[/dim]")
     reader = VideoReader(video)
     try:
         backend = backend or make_backend(model, api_key=api_key, console=Console(stderr=True),

@@ -20,8 +20,17 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from paravt import __version__
+
+        typer.echo(f"paravt {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _main() -> None:
+def _main(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
     """paravt: a video LMM that crops a long video in parallel through sub-agents."""
 
 
@@ -62,11 +71,12 @@ def ask(
     model: str = typer.Option(None, help="Checkpoint dir, hub id (cached), or http(s) URL of an OpenAI-compatible server."),
     mode: str = typer.Option("parallel", help="parallel | sequential | inline | none"),
     frames: int = typer.Option(64, help="Overview frames K."),
-    max_turns: int = typer.Option(3),
-    max_parallel: int = typer.Option(5),
-    question_type: str = typer.Option("mcq", help="mcq | tvg | oe"),
-    temperature: float = typer.Option(0.0),
-    max_new_tokens: int = typer.Option(2048),
+    max_turns: int = typer.Option(3, help="Main-agent generations at most; the last one is told to answer now."),
+    max_parallel: int = typer.Option(5, help="Crop calls executed per turn (the rest are answered 'skipped')."),
+    question_type: str = typer.Option("auto", help="auto (mcq when the question lists 'A. …' option lines, else "
+                                      "oe) | mcq | tvg (answer 'start - end' seconds) | oe (open-ended)."),
+    temperature: float = typer.Option(0.0, help="Sampling temperature (0: greedy, as the paper's evaluation)."),
+    max_new_tokens: int = typer.Option(2048, help="New tokens per main-agent turn."),
     json_out: str = typer.Option(None, "--json", help="Write the full episode trace here."),
     timeline: str = typer.Option(None, help="Draw the episode timeline to this PNG."),
     api_key: str = typer.Option(None, envvar="PARAVT_API_KEY", help="Bearer key for a served model."),
@@ -94,7 +104,8 @@ def ask(
 
 @app.command()
 def serve(
-    model: str = typer.Option(None, help="Checkpoint dir or cached hub id (default: an untrained tiny model)."),
+    model: str = typer.Option(None, help="Checkpoint dir or cached hub id (default: $PARAVT_MODEL, else the shipped "
+                              "tiny model, as ask, eval and demo)."),
     host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default)."),
     port: int = typer.Option(8000),
     api_key: str = typer.Option(None, envvar="PARAVT_API_KEY", help="Require this bearer key."),
@@ -102,11 +113,14 @@ def serve(
     max_model_len: int = typer.Option(None, help="Context length in tokens (prompt with its image tokens, plus the "
                                       "generation); a request that cannot fit is refused with 400 (default: the "
                                       "model's own)."),
-    # the defaults are paravt.serve's MAX_IMAGES and MAX_TOTAL_PIXELS (spelled out: importing serve here
-    # would load numpy for every `paravt --help`; tests/test_serve_limits.py checks they agree)
+    # the defaults are paravt.serve's MAX_IMAGES, MAX_TOTAL_PIXELS and MAX_INFLIGHT_PIXELS (spelled out:
+    # importing serve here would load numpy for every `paravt --help`; tests/test_serve_limits.py checks they agree)
     max_images: int = typer.Option(256, help="Most images in one request (more: 400)."),
     max_total_pixels: int = typer.Option(256 * 1024 * 1024, help="Most decoded pixels of one request's images "
                                          "together, read from their headers before decoding (more: 413)."),
+    max_inflight_pixels: int = typer.Option(512 * 1024 * 1024, help="Most decoded image pixels all requests "
+                                            "together may hold; a request that does not fit waits, then gets 503 "
+                                            "with Retry-After."),
     rl_api: bool = typer.Option(False, help="Serve the RL weight-sync endpoints (/pause, /resume, /collective_rpc "
                                 "reload_weights, /weight_info), as vLLM's dev mode does, for `paravt train grpo` "
                                 "with rollout servers."),
@@ -117,7 +131,7 @@ def serve(
 
     try:
         run_serve(model, host, port, api_key, max_batch, max_model_len=max_model_len, max_images=max_images,
-                  max_total_pixels=max_total_pixels, rl_api=rl_api)
+                  max_total_pixels=max_total_pixels, rl_api=rl_api, max_inflight_pixels=max_inflight_pixels)
     except (ModelLoadError, ValueError) as e:
         typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
@@ -146,8 +160,12 @@ def synth(
     event_max: float = typer.Option(8.0, help="Longest event, seconds."),
     k_for_oracle: str = typer.Option("4,8,16,32,64", help="Overview sizes K the oracle trajectories use (one drawn per question)."),
     n_events: str = typer.Option("2,5", help="Events per video, as 'min,max' (inclusive)."),
-    kinds: str = typer.Option("", help="Comma-separated event-question kinds to ask (colour, shape, count, order, when, "
-                              "name, colour_oe, shape_oe); empty: all. The background control is always asked."),
+    # spelled out (importing synth.questions here would load numpy for every `paravt --help`);
+    # tests/test_cli.py checks the list is questions.EVENT_KINDS
+    kinds: str = typer.Option("", help="Comma-separated event-question kinds to ask: colour, shape, count, order, when, "
+                              "name, colour_oe, shape_oe (the default mix, asked when empty) and order_oe, count_oe, "
+                              "compare_oe (questions about two or more events, asked only when named). The background "
+                              "control is always asked."),
     preset: str = typer.Option("", help="'mini': SynthVT-mini, the shrunk task the shipped tiny model is trained on; "
                                "'hard': SynthVT-hard, 210-300 s videos, several events, questions that need two or "
                                "more windows, a sweep crop policy and a tool prior (each sets the length, event, "

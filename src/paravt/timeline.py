@@ -9,9 +9,9 @@ from paravt.agent import Episode
 _TURN_COLOURS = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple"]
 
 
-def draw_timeline(ep: Episode, path: str | Path) -> Path:
+def draw_timeline(ep: Episode, path: str | Path, truth: list[tuple[float, float]] | None = None) -> Path:
     """Top: the video's time axis with the overview frames and each turn's crops (failed calls
-    hatched grey). Bottom: wall-clock time of the main turns and of every call of a turn (its
+    hatched grey), and where the evidence really was (`truth` spans, green) when it is known. Bottom: wall-clock time of the main turns and of every call of a turn (its
     whole span light, the sub-agent's generation dark), so concurrency shows as overlap."""
     import matplotlib
 
@@ -34,6 +34,11 @@ def draw_timeline(ep: Episode, path: str | Path) -> Path:
                                  gridspec_kw={"height_ratios": [1.1 + 0.2 * len(ep.turns), 1 + 0.1 * len(rows)]})
 
     ax.vlines(ep.overview_times, 0, 0.6, color="0.45", lw=1)
+    for i, (s, e) in enumerate(truth or []):
+        ax.axvspan(s, e, facecolor="tab:green", alpha=0.35, edgecolor="darkgreen", lw=1.2, zorder=3,
+                   label="evidence (truth)" if i == 0 else None)
+    if truth:
+        ax.legend(loc="upper right", fontsize=7)
     for t in ep.turns:
         y = 1 + t.index
         for c in t.calls:

@@ -22,7 +22,7 @@ import numpy as np
 from paravt.synth.oracle import SWEEP_LEN, check_crop_policy, make_trajectory, sweep_windows, to_sft_rows
 from paravt.synth.questions import (check_control, check_kind_weights, check_kinds, evidence_visible, make_questions,
                                     predicted_visibility, visible_events)
-from paravt.synth.render import VideoSpec, make_spec, spec_fingerprint, video_fingerprint, write_video
+from paravt.synth.render import VideoSpec, check_frame, make_spec, spec_fingerprint, video_fingerprint, write_video
 
 SPLITS = {"train": 1, "test": 2, "val": 3}  # each split draws from its own seed stream
 K_VALUES = (4, 8, 16, 32, 64)  # the overview budgets of nFrames gating
@@ -94,6 +94,7 @@ class SynthConfig:
             raise ValueError("videos must be longer than the longest event plus 4 s")
         if self.per_video < 1:
             raise ValueError(f"per_video must be >= 1, got {self.per_video}")
+        check_frame(self.size, self.fps)
         if not 1 <= self.n_events[0] <= self.n_events[1]:
             raise ValueError(f"need 1 <= n_events[0] <= n_events[1], got {self.n_events}")
         self.oracle_k = tuple(int(k) for k in self.oracle_k)

@@ -87,6 +87,14 @@ class VideoSpec:
         return [e for e in self.events if e.visible_at(t)]
 
 
+def check_frame(size: int, fps: int) -> None:
+    """The frame size and rate a video can be rendered at (checked before anything is written)."""
+    if size < 32 or size % 2:
+        raise ValueError(f"frame size must be even and >= 32 pixels, got {size}")
+    if fps < 1:
+        raise ValueError(f"fps must be >= 1, got {fps}")
+
+
 def make_spec(seed: int, *, min_len: float = 60, max_len: float = 600, fps: int = 2, size: int = 64,
               n_events: tuple[int, int] = (2, 5), event_len: tuple[float, float] = (1.0, 8.0),
               scene_len: tuple[float, float] = (20.0, 60.0), textures: bool = True,
@@ -101,10 +109,7 @@ def make_spec(seed: int, *, min_len: float = 60, max_len: float = 600, fps: int 
         raise ValueError(f"bad event length range {event_len}")
     if max_len < event_len[1] + 4:
         raise ValueError(f"videos ({max_len} s at most) must be longer than the longest event plus 4 s")
-    if size < 32 or size % 2:
-        raise ValueError(f"frame size must be even and >= 32 pixels, got {size}")
-    if fps < 1:
-        raise ValueError(f"fps must be >= 1, got {fps}")
+    check_frame(size, fps)
     if not 0 <= colour_repeat <= 1:
         raise ValueError(f"colour_repeat must be in [0, 1], got {colour_repeat}")
     rng = np.random.default_rng(seed)
