@@ -472,3 +472,139 @@ def test_report_output_errors_are_one_line(full, tmp_path):
     r = CliRunner().invoke(app, ["eval", "report", str(bad), "--plot", str(tmp_path / "q.png")])
     assert r.exit_code == 2 and r.output.strip().splitlines() == [
         f"error: {bad / 'summary.json'}: not valid JSON (rerun the eval to rewrite it)"], r.output
+
+
+# ----------------------------------------------------------------------------------------------
+# a model server that is not there: checked before the run, named in each row, a failed run exits 1
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class DyingServer:
+    """An OpenAI-compatible server on loopback that lists its model (the check before the run
+    passes), then dies at the first chat request: that connection is dropped and the port closed,
+    so the client's retries are refused until the episode's deadline passes."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                body = b'{"object": "list", "data": [{"id": "m", "object": "model"}]}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self):
+                outer.die()
+                self.close_connection = True
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._lock = threading.Lock()
+        self._dead = False
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def die(self):
+        import threading
+
+        with self._lock:
+            if self._dead:
+                return
+            self._dead = True
+
+        def stop():
+            self.server.shutdown()
+            self.server.server_close()  # the port is closed: connections are refused
+
+        threading.Thread(target=stop, daemon=True).start()
+
+
+def test_a_dead_server_fails_the_run_before_anything_is_written(samples, tmp_path):
+    from paravt.backends.openai import OpenAIBackend
+
+    url = f"http://127.0.0.1:{closed_port()}"
+    want = f"model server unreachable: {url}: cannot connect (Connection refused)"
+    with pytest.raises(BackendError) as e:
+        run_eval(samples[:2], OpenAIBackend(url, timeout_s=60.0), CFG, tmp_path / "dead")
+    assert str(e.value) == want and not (tmp_path / "dead").exists()
+
+
+def test_a_server_gone_midway_is_named_in_each_row(samples, tmp_path):
+    """The rows say the connection was refused, not only that the episode's deadline passed."""
+    from paravt.backends.openai import OpenAIBackend
+
+    server = DyingServer()
+    out = tmp_path / "dies"
+    s = run_eval(samples[:3], OpenAIBackend(server.url, timeout_s=2.0), CFG, out, concurrency=3)
+    assert s["n"] == 3 and s["errors"] == 3
+    cause = f"BackendError: model server unreachable: {server.url}: cannot connect (Connection refused)"
+    rows = read_results(out / "results.jsonl")
+    assert [r["error"] for r in rows] == [cause] * 3
+    assert all(r["error_detail"].startswith("BackendError: ") for r in rows)  # what the episode saw
+    assert s["error_causes"] == {cause: 3}
+
+
+def test_cli_a_dead_server_is_one_line_and_writes_nothing(split, tmp_path):
+    from typer.testing import CliRunner
+
+    from paravt.cli import app
+
+    url = f"http://127.0.0.1:{closed_port()}"
+    out = tmp_path / "dead"
+    r = CliRunner().invoke(app, ["eval", "--bench", "synthvt", "--data", str(split), "--model", url, "--timeout", "2",
+                                 "--frames", "4", "--limit", "2", "--out", str(out)])
+    assert r.exit_code == 2, r.output
+    errors = [line for line in r.output.splitlines() if "error" in line.lower() or "Traceback" in line]
+    assert errors == [f"error: model server unreachable: {url}: cannot connect (Connection refused)"], r.output
+    assert not out.exists()
+
+
+def test_cli_nothing_evaluated_or_too_many_errors_exit_non_zero(full, split, tmp_path, monkeypatch):
+    """--limit 0 is refused; a run whose error rate passes --max-error-rate ends with the count and
+    the most common causes and exits 1, keeping its rows; a rerun retries them."""
+    from typer.testing import CliRunner
+
+    import paravt.eval.commands as commands
+    from paravt.cli import app
+
+    def down(req):
+        raise BackendError("server said 503")
+
+    backend = {"b": ScriptedBackend(down)}
+    monkeypatch.setattr(commands, "make_backends", lambda *a, **k: backend["b"])
+    out = tmp_path / "gate"
+    base = ["eval", "--bench", "synthvt", "--data", str(split), "--frames", "4", "--max-turns", "2",
+            "--max-new-tokens", "64", "--out", str(out)]
+    r = CliRunner().invoke(app, base + ["--limit", "0"])
+    assert r.exit_code == 2 and "--limit must be >= 1, got 0 (0 evaluates nothing)" in r.output, r.output
+    r = CliRunner().invoke(app, base)
+    assert r.exit_code == 1, r.output
+    lines = r.output.splitlines()
+    i = lines.index("8 of 8 samples failed (100.0%); most common causes:")
+    assert lines[i + 1] == "  8 x BackendError: server said 503"
+    assert lines[-1] == (f"error: 8 of 8 samples failed (100.0%), more than --max-error-rate 0.5; the rows are in "
+                         f"{out}/results.jsonl (rerun the same command to retry the failed samples)")
+    assert len(read_results(out / "results.jsonl")) == 8
+    r = CliRunner().invoke(app, base + ["--max-error-rate", "1", "--no-retry-errors"])
+    assert r.exit_code == 0, r.output  # the same rows pass a looser gate
+    backend["b"] = make_backend()
+    r = CliRunner().invoke(app, base)
+    assert r.exit_code == 0 and "failed" not in r.output, r.output
+    assert timeless(json.loads((out / "summary.json").read_text())) == timeless(full[1])

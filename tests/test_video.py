@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from paravt.video import VideoError, VideoReader, overview_times, resize_to_budget, sample_times
-from videotools import decode_stripe, make_audio_only, make_test_video, noisy_stripe_frame
+from videotools import decode_stripe, make_audio_only, make_jump_video, make_test_video, noisy_stripe_frame
 
 FPS = 10
 
@@ -533,3 +533,67 @@ def test_crop_count_is_capped_at_the_frames_in_the_window(tmp_path):
         with pytest.raises(VideoError) as e:
             call()
         assert str(p) in str(e.value)
+
+
+# ---------- timestamps that jump (a clock reset mid-file) ----------
+
+JUMP_S = 36000.0  # 10 h between frame 49 (4.9 s) and frame 50 (36005 s)
+
+
+def jumped_time(i: int) -> float:
+    return i / FPS + (JUMP_S if i >= 50 else 0.0)
+
+
+@pytest.fixture(scope="module", params=[("mp4", 1), ("mp4", 10), ("mkv", 1), ("mkv", 10)],
+                ids=["mp4-allkey", "mp4-gop10", "mkv-allkey", "mkv-gop10"])
+def jumped(request, tmp_path_factory):
+    ext, gop = request.param
+    return make_jump_video(tmp_path_factory.mktemp("jump") / f"jump{gop}.{ext}", gop=gop, jump_s=JUMP_S)
+
+
+def test_jump_probe_counts_the_frames_there_are(jumped):
+    """100 frames at 10 fps, not 10 h x 10 fps (MKV) or 100 frames / 10 h (MP4's mean rate)."""
+    info = VideoReader(jumped).probe()
+    assert info.num_frames == 100 and info.fps == pytest.approx(FPS)
+    assert info.duration == pytest.approx(36010.0, abs=0.11)
+    assert info.gaps == [(pytest.approx(5.0), pytest.approx(36005.0))]
+
+
+def test_jump_overview_spreads_over_the_recorded_frames(jumped):
+    r = VideoReader(jumped)
+    for k in (4, 8, 16):
+        frames = r.overview(k)
+        idx = [decode_stripe(f.image) for f in frames]
+        assert len(set(idx)) == k, idx  # no frame twice
+        assert sum(i < 50 for i in idx) == k // 2  # both sides of the jump, evenly
+        for f, i in zip(frames, idx):
+            assert f.timestamp == pytest.approx(jumped_time(i), abs=1e-3)
+            assert abs(f.timestamp - f.requested) <= 0.5 / FPS + 1e-6 and not f.substituted
+    assert [decode_stripe(f.image) for f in r.overview(100)] == list(range(100))  # every frame once
+
+
+def test_jump_crop_returns_its_window_or_says_why(jumped):
+    r = VideoReader(jumped)
+    with pytest.raises(VideoError, match=r"no frames in \[14404, 21606\] s: nothing was recorded there \(its "
+                                         r"timestamps jump from 5\.00 s to 36005\.00 s") as e:
+        r.crop(14404, 21606)
+    assert str(jumped) in str(e.value)
+    for start, end, n in [(0, 36010, 10), (3, 36007, 4), (36004, 36006, 1), (1, 3, 2)]:
+        frames = r.crop(start, end)
+        assert len(frames) == n, (start, end)
+        for f in frames:
+            assert start <= f.timestamp <= end and not f.substituted
+            assert f.timestamp == pytest.approx(jumped_time(decode_stripe(f.image)), abs=1e-3)
+    inside, outside = r.frames_at([2.0, 14404.0])  # asked directly: the nearest frame, flagged
+    assert not inside.substituted and decode_stripe(inside.image) == 20
+    assert outside.substituted and outside.timestamp == pytest.approx(4.9) and decode_stripe(outside.image) == 49
+
+
+def test_a_long_still_frame_is_not_a_jump(tmp_path):
+    """A variable-frame-rate file whose frame stays 40 s on screen (under JUMP_S): that frame is
+    what the video shows there, so it is returned for times in it, unflagged."""
+    times = [0.0, 0.1, 0.2, 40.0, 40.1, 40.2]
+    r = VideoReader(make_test_video(tmp_path / "still.mp4", fps=10, times=times))
+    assert r.probe().gaps == [] and r.probe().num_frames == 6
+    frames = r.crop(10, 20)
+    assert frames and all(decode_stripe(f.image) == 2 and not f.substituted for f in frames)

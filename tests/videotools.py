@@ -108,6 +108,36 @@ def make_test_video(
     return path
 
 
+def make_jump_video(path: str | Path, n: int = 100, fps: int = 10, jump_at: int = 50, jump_s: float = 36000.0,
+                    gop: int = 1) -> Path:
+    """A stripe video (frame i shows stripe i) whose timestamps jump forward by `jump_s` seconds
+    at frame `jump_at`, as after a camera clock reset or files joined without re-timing: encoded
+    at a steady `fps`, then muxed with every packet from that frame on shifted (pts and dts).
+    The container follows the suffix (.mp4, .mkv)."""
+    import av
+
+    path = Path(path)
+    with av.open(str(path), mode="w") as out:
+        stream = out.add_stream("libx264", rate=Fraction(fps, 1))
+        stream.width, stream.height, stream.pix_fmt = 96, 64, "yuv420p"
+        stream.options = {"g": str(gop), "keyint_min": str(gop), "sc_threshold": "0", "preset": "ultrafast",
+                          "crf": "18", "bf": "0"}
+        packets = []
+        for i in range(n):
+            frame = av.VideoFrame.from_ndarray(stripe_frame(i), format="rgb24")
+            frame.pts = i
+            packets += stream.encode(frame)
+        packets += stream.encode()
+        for packet in packets:
+            tb = packet.time_base
+            if packet.pts is not None and packet.pts * tb >= Fraction(jump_at, fps):
+                shift = round(Fraction(jump_s) / tb)
+                packet.pts += shift
+                packet.dts += shift
+            out.mux(packet)
+    return path
+
+
 def make_audio_only(path: str | Path, seconds: float = 1.0) -> Path:
     import av
 
@@ -126,3 +156,89 @@ def make_audio_only(path: str | Path, seconds: float = 1.0) -> Path:
         for p in stream.encode():
             out.mux(p)
     return path
+
+
+def serve_files(root: str | Path, stall: float = 0.0):
+    """A loopback HTTP server for the files under `root`, with byte ranges (`Range: bytes=a-b`,
+    `a-`, `-n`; 206 and Content-Range), as object stores and CDNs answer: FFmpeg's http protocol
+    seeks with them (Python's SimpleHTTPRequestHandler ignores Range). A context manager yielding
+    (base URL, the request log as (method, path, Range header) tuples). Paths starting with
+    /stall/ accept the connection and answer nothing for `stall` seconds (a hung server)."""
+    import contextlib
+    import http.server
+    import threading
+    import time
+    from urllib.parse import unquote
+
+    root = Path(root)
+    log: list[tuple[str, str, str | None]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args) -> None:  # quiet
+            pass
+
+        def _range(self, size: int) -> tuple[int, int] | None:
+            spec = self.headers.get("Range", "")
+            if not spec.startswith("bytes=") or "," in spec:
+                return None
+            a, _, b = spec[6:].strip().partition("-")
+            if not a:  # the last n bytes
+                n = int(b)
+                return max(0, size - n), size - 1
+            lo, hi = int(a), int(b) if b else size - 1
+            return lo, min(hi, size - 1)
+
+        def _answer(self, body: bool) -> None:
+            log.append((self.command, self.path, self.headers.get("Range")))
+            path = unquote(self.path.split("?", 1)[0])
+            if path.startswith("/stall/"):
+                time.sleep(stall)
+                return
+            f = root / path.lstrip("/")
+            if not f.is_file():
+                self.send_error(404, "Not Found")
+                return
+            data = f.read_bytes()
+            size = len(data)
+            rng = self._range(size)
+            if rng is not None and rng[0] >= size:
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{size}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            lo, hi = rng if rng is not None else (0, size - 1)
+            self.send_response(206 if rng is not None else 200)
+            if rng is not None:
+                self.send_header("Content-Range", f"bytes {lo}-{hi}/{size}")
+            self.send_header("Accept-Ranges", "bytes")
+            self.send_header("Content-Type", "video/mp4")
+            self.send_header("Content-Length", str(hi - lo + 1))
+            self.end_headers()
+            if body:
+                try:
+                    self.wfile.write(data[lo:hi + 1])
+                except (BrokenPipeError, ConnectionResetError):  # the reader seeked elsewhere
+                    pass
+
+        def do_GET(self) -> None:
+            self._answer(True)
+
+        def do_HEAD(self) -> None:
+            self._answer(False)
+
+    @contextlib.contextmanager
+    def running():
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server.daemon_threads = True
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{server.server_address[1]}", log
+        finally:
+            server.shutdown()
+            server.server_close()
+
+    return running()

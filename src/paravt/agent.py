@@ -355,8 +355,9 @@ async def run_episode(
     emit: EventHook = on_event or (lambda name, payload: None)
     t0 = time.perf_counter()
     own = not isinstance(video, VideoReader)
-    # probing opens and reads the file: off the event loop, so concurrent episodes keep going
-    reader = await asyncio.to_thread(VideoReader, video) if own else video
+    # probing opens and reads the file: off the event loop, so concurrent episodes keep going;
+    # a URL's reads get the model calls' deadline
+    reader = await asyncio.to_thread(VideoReader, video, timeout_s=cfg.model_timeout_s) if own else video
     try:
         return await _episode(backend, reader, question, cfg, question_type, subtitles, emit,
                               lambda: time.perf_counter() - t0, overview_frames or cfg.frames, system)

@@ -45,19 +45,38 @@ frame_size are in the displayed orientation.
 
 Counts are bounded: overview(k) returns at most the video's frames (every frame once when
 k >= num_frames), a crop at most the frames in its window, and no call more than MAX_FRAMES.
+
+Timestamps that jump (a camera clock reset, files joined without re-timing: pts leaping by
+hours mid-file) leave spans where nothing was recorded. The nearest frame to a time in such a
+span is from elsewhere, hours away, so the probe finds the jumps (steps of the demuxer's index
+over JUMP_S and JUMP_FRAMES frame steps, each confirmed on the packets between its two entries:
+one GOP demuxed, nothing decoded) and sampling skips them: overview(k) and a crop spread their
+frames over the recorded parts only, a crop wholly inside a jump is a VideoError saying so, and
+frames_at() flags a frame it returns for a time inside a jump (Frame.substituted). fps and
+num_frames then come from the packets (median frame step, the stated or recorded count), not
+from duration x fps. Containers without an index (MPEG-TS) are not checked for jumps.
+
+Video URLs (http://, https://) are read through FFmpeg's network protocols, which seek with
+range requests (an MP4's index at the end costs one request, a crop a few). Every network
+operation has a deadline (timeout_s: connect and each read, as a model call's); a refused
+connection, an HTTP error or a deadline is a VideoError naming the URL and the cause, never
+taken for damaged data.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
+import errno
 import math
 import os
+import re
+import statistics
 import threading
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -74,6 +93,18 @@ GAP_FRAMES = 4  # ... of more frame durations, for packets without a duration
 LOST_BYTES = 1024  # Matroska: bytes skipped between packets (headers take < 32) that mean a resync
 MAX_RESUMES = 256  # forward seeks to get past data a demuxer stopped at, per pass
 EPS = 1e-6  # s; timestamps closer than this are the same
+JUMP_S = 60.0  # s; a step between consecutive frames over this, and over JUMP_FRAMES typical
+JUMP_FRAMES = 100  # frame steps, is a jump of the timestamps, not a long still (VFR) frame
+NET_TIMEOUT_S = 600.0  # s; deadline of one network operation on a URL (EpisodeConfig.model_timeout_s's default)
+URL_SCHEMES = ("http://", "https://")
+NET_ERRNOS = {errno.EIO, errno.ENETDOWN, errno.ENETUNREACH, errno.EHOSTDOWN, errno.EHOSTUNREACH, errno.ECONNABORTED,
+              errno.ECONNRESET, errno.ECONNREFUSED, errno.ETIMEDOUT, errno.EPIPE}  # FFmpeg's network failures
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
+
+
+def is_url(source: object) -> bool:
+    """Whether `source` is a video URL paravt reads over the network (http or https)."""
+    return isinstance(source, str) and source.lower().startswith(URL_SCHEMES)
 
 
 class VideoError(Exception):
@@ -83,10 +114,11 @@ class VideoError(Exception):
 @dataclass
 class VideoInfo:
     duration: float
-    fps: float
+    fps: float  # mean rate of the recorded parts
     num_frames: int
     width: int  # as displayed (after the rotation of a display matrix)
     height: int
+    gaps: list[tuple[float, float]] = field(default_factory=list)  # (from, to) s: timestamp jumps, nothing recorded
 
 
 @dataclass
@@ -96,9 +128,10 @@ class Frame:
     image: H x W x 3, uint8, RGB, upright, already resized.
     timestamp: seconds from the video's start of the frame decoded (not the time asked for).
     requested: the time asked for, or None where none was (overview returning every frame).
-    substituted: True when this is not the file's nearest frame to `requested` because the
-        nearer ones could not be decoded (damaged data): it is the nearest decodable one, and
-        `timestamp` is still its own true time, so the caller can tell how far off it is.
+    substituted: True when this frame is not what the video shows at `requested`: the nearer
+        ones could not be decoded (damaged data), or `requested` lies in a jump of the timestamps
+        where nothing was recorded. It is then the nearest decodable frame, and `timestamp` is
+        still its own true time, so the caller can tell how far off it is.
     """
 
     image: np.ndarray
@@ -173,6 +206,42 @@ def sample_times(
     return [start + (i + 0.5) * step for i in range(n)]
 
 
+def _median_step(pts: list[int], time_base) -> float:
+    """The typical step (s) between consecutive frame timestamps (0 with fewer than two): a frame
+    rate that a jump of the timestamps, or a few long VFR frames, does not move. On the integer
+    pts, so that 0.1 s steps far into a file stay 0.1, not 0.1 plus float noise."""
+    pts = sorted(set(pts))
+    steps = [b - a for a, b in zip(pts, pts[1:])]
+    return float(statistics.median_low(steps) * time_base) if steps else 0.0
+
+
+def _recorded_spans(jumps: list[tuple[float, float]], start: float, step: float,
+                    duration: float) -> list[tuple[float, float]]:
+    """The parts of the video clock (0..duration) that hold frames, around timestamp jumps given
+    as (last frame before, first frame after) on the stream clock; the frame before a jump lasts
+    one typical step."""
+    spans, lo = [], 0.0
+    for a, b in jumps:
+        spans.append((lo, round(a - start + step, 6)))
+        lo = round(b - start, 6)
+    spans.append((lo, duration))
+    return spans
+
+
+def _share(pieces: list[tuple[float, float]], n: int) -> list[float]:
+    """The middles of n equal shares of the pieces' total time, placed on the pieces: uniform
+    sampling of the recorded time, as if the jumps between the pieces were not there."""
+    total = sum(b - a for a, b in pieces)
+    out, j, before = [], 0, 0.0  # before: recorded time in pieces[:j]
+    for i in range(n):
+        u = (i + 0.5) * total / n
+        while j < len(pieces) - 1 and u > before + (pieces[j][1] - pieces[j][0]):
+            before += pieces[j][1] - pieces[j][0]
+            j += 1
+        out.append(min(pieces[j][0] + (u - before), pieces[j][1]))
+    return out
+
+
 class _Losses:
     """Stream times where a pass could not deliver frames: `points`, frames seen (their packets)
     but not decodable; `spans`, open intervals where data was lost unseen (frames may be anywhere)."""
@@ -211,14 +280,24 @@ class VideoReader:
         min_pixels: int = MIN_PIXELS,
         factor: int = FACTOR,
         decoder_threads: int = 0,
+        timeout_s: float = NET_TIMEOUT_S,
     ) -> None:
-        """Opens and probes now, so a bad file fails here with a VideoError.
+        """Opens and probes now, so a bad file (or URL) fails here with a VideoError.
 
+        path: a file, or an http(s) URL (kept as the string it is: `path` is then a str).
         decoder_threads: FFmpeg decoding threads per open decoder (0: FFmpeg picks by core
         count; frame threads cut one crop's latency at about the same CPU); 1 keeps cores
         free when many crops already run side by side on the pool.
+        timeout_s: deadline of each network operation on a URL (connecting, each read).
         """
-        self.path = Path(path)
+        self.remote = is_url(path)
+        if not self.remote and isinstance(path, str) and _SCHEME.match(path):
+            raise VideoError(f"{path}: only http:// and https:// URLs are read (for an object store, use its "
+                             "https URL, e.g. a presigned one)")
+        if not timeout_s > 0:
+            raise VideoError(f"{path}: timeout_s must be positive, got {timeout_s!r}")
+        self.path: Path | str = path if self.remote else Path(path)
+        self.timeout_s = float(timeout_s)
         self.decoder_threads = decoder_threads
         self.max_pixels = max_pixels
         self.min_pixels = min_pixels
@@ -234,6 +313,8 @@ class VideoReader:
 
     # ---------- opening and probing ----------
     def _check_file(self) -> None:
+        if self.remote:
+            return  # the server answers for it when opened
         if not self.path.exists():
             raise VideoError(f"{self.path}: no such file")
         if self.path.is_dir():
@@ -245,8 +326,16 @@ class VideoReader:
         import av
 
         try:
-            container = av.open(str(self.path), mode="r")
+            if self.remote:
+                # FFmpeg's own socket deadline (connect and each read: "Connection timed out") and
+                # PyAV's interrupt, which also ends a read that trickles (data, but too slowly)
+                us = str(min(int(self.timeout_s * 1e6), 2**31 - 1))
+                container = av.open(self.path, mode="r", timeout=self.timeout_s, container_options={"timeout": us})
+            else:
+                container = av.open(str(self.path), mode="r")
         except Exception as e:  # av.error.* (InvalidDataError, ...), OSError
+            if self._network_failure(e):
+                raise self._network_error(e) from None
             raise VideoError(f"{self.path}: not a readable video ({type(e).__name__}: {e})") from None
         if not container.streams.video:
             container.close()
@@ -255,6 +344,44 @@ class VideoReader:
         stream.thread_type = "AUTO"
         stream.codec_context.thread_count = self.decoder_threads
         return container
+
+    def _network_failure(self, e: BaseException) -> bool:
+        """Whether `e` is the network failing (a URL's server refused, timed out, answered an HTTP
+        error, or the connection broke), as opposed to bad data: never skipped as damage."""
+        if not self.remote:
+            return False
+        import av
+
+        err = av.error
+        if isinstance(e, (ConnectionError, TimeoutError, err.ExitError, err.HTTPError, err.HTTPClientError,
+                          err.HTTPServerError)):
+            return True
+        return isinstance(e, OSError) and e.errno in NET_ERRNOS  # not EPERM: a seek an MPEG-TS refuses
+
+    def _failed_network(self, e: BaseException) -> VideoError | None:
+        """For a URL, the VideoError of a network failure behind the read error `e`, else None
+        (bad data: skipped as damage, as in a file). Demuxers report a connection lost mid-read
+        as bad data (MP4: InvalidDataError), so such an error is checked by opening the URL again."""
+        if not self.remote:
+            return None
+        if self._network_failure(e):
+            return self._network_error(e)
+        try:
+            self._open().close()
+        except VideoError as v:  # refused, timed out, an HTTP error, or no longer a video
+            return v
+        return None
+
+    def _network_error(self, e: BaseException) -> VideoError:
+        """One line naming the URL and the cause ("Connection refused", "Server returned 404 Not
+        Found", "no data within 5 s")."""
+        import av
+
+        if isinstance(e, (av.error.ExitError, TimeoutError)):
+            cause = f"no data within {self.timeout_s:g} s"
+        else:
+            cause = getattr(e, "strerror", None) or str(e) or type(e).__name__
+        return VideoError(f"{self.path}: cannot read ({cause})")
 
     def _container(self):
         c = getattr(self._local, "container", None)
@@ -272,7 +399,7 @@ class VideoReader:
         self._indexed = len(getattr(s, "index_entries", ())) > 0
         fmt = c.format.name or ""
         self._resync = "bytes" if "matroska" in fmt else "dts" if fmt in ("mpegts", "mpeg") else None
-        size = self.path.stat().st_size
+        size = (c.size or 0) if self.remote else self.path.stat().st_size
         self._cut = fmt == "mpegts" and all(size % n for n in (188, 192, 204))  # ends inside a TS packet
         fps = float(s.average_rate or s.guessed_rate or 0) or 0.0
         duration = None
@@ -285,24 +412,31 @@ class VideoReader:
         # Demux packet timestamps (cheap, no decoding) to check the file holds frames and
         # that its stated duration is real: a truncated file states more than it has.
         # Only the tail is read when a duration is stated (a long file is not scanned whole).
-        last_pts, count = None, 0
+        last_pts, count, tail = None, 0, []
         for scan_from in ([max(duration - 10.0, 0.0), None] if duration else [None]):
             if scan_from is not None:
                 if not self._seek(c, s, scan_from + start):
                     continue
             elif duration:
                 self._rewind(c, s)
-            last_pts, count = self._scan_pts(c, s)
+            last_pts, count, tail = self._scan_pts(c, s)
             if count:
                 break
         if count == 0:
             raise VideoError(f"{self.path}: video stream holds no frames (truncated or empty)")
+        step = _median_step(tail, s.time_base) or (1.0 / fps if fps > 0 else 0.0)
+        jumps = self._find_jumps(c, s, step) if step > 0 else []
+        if jumps:  # a mean rate over the stated span counts the jumps' empty hours: the typical step instead
+            fps = 1.0 / step
         frame_dur = 1.0 / fps if fps > 0 else 0.0
         measured = last_pts - start + frame_dur
-        if duration is None or duration <= 0 or measured < duration - 2 * frame_dur:
+        truncated = duration is None or duration <= 0 or measured < duration - 2 * frame_dur
+        if truncated:
             duration = measured
-            if fps > 0 and num_frames:  # a count stated for the whole file: cut to what is there
-                num_frames = min(num_frames, int(round(duration * fps)))
+        self._spans = _recorded_spans(jumps, start, step, duration) if jumps else None
+        recorded = sum(b - a for a, b in self._spans) if self._spans else duration
+        if truncated and fps > 0 and num_frames:  # a count stated for the whole file: cut to what is there
+            num_frames = min(num_frames, int(round(recorded * fps)))
         if fps <= 0:
             fps = 25.0  # unknown rate: timestamps still come from pts, fps only sets the crop gap
         self._start, self._last_pts, self._frame_dur = start, last_pts, 1.0 / fps
@@ -313,22 +447,63 @@ class VideoReader:
             raise VideoError(f"{self.path}: video stream has no frame size")
         if self._turns % 2:
             w, h = h, w
-        return VideoInfo(duration=duration, fps=fps, num_frames=num_frames or int(round(duration * fps)), width=w, height=h)
+        gaps = [(a, b) for (_, a), (b, _) in zip(self._spans, self._spans[1:])] if self._spans else []
+        return VideoInfo(duration=duration, fps=fps, num_frames=num_frames or int(round(recorded * fps)), width=w,
+                         height=h, gaps=gaps)
 
-    def _scan_pts(self, c, s) -> tuple[float | None, int]:
-        """Latest packet time (stream clock) and packet count from the current position to the end.
-        A demux error ends the scan (damaged data) but fails only if no packet came before it."""
-        last, count = None, 0
+    def _scan_pts(self, c, s) -> tuple[float | None, int, list[int]]:
+        """Latest packet time (stream clock), packet count and the last 512 packets' pts, from the
+        current position to the end. A demux error ends the scan (damaged data) but fails only if
+        no packet came before it; a network failure always fails."""
+        last, count, recent = None, 0, deque(maxlen=512)
         try:
             for packet in c.demux(s):
                 if packet.pts is not None:
                     t = float(packet.pts * s.time_base)
                     last = t if last is None else max(last, t)
                     count += 1
+                    recent.append(packet.pts)
         except Exception as e:
+            if (err := self._failed_network(e)) is not None:
+                raise err from None
             if count == 0:
                 raise VideoError(f"{self.path}: corrupt or truncated video ({type(e).__name__}: {e})") from None
-        return last, count
+        return last, count, list(recent)
+
+    def _find_jumps(self, c, s, step: float) -> list[tuple[float, float]]:
+        """(last frame before, first frame after), stream clock, of each jump of the timestamps: a
+        step between consecutive frames over JUMP_S and JUMP_FRAMES typical steps. Candidates are
+        steps of the demuxer's index (in memory: MP4's every sample, Matroska's cues), each checked
+        on the packets between its two entries. Without an index (MPEG-TS) none is looked for."""
+        if not self._indexed:
+            return []
+        tb = float(s.time_base)
+        limit = max(JUMP_S, JUMP_FRAMES * step)
+        ticks = [e.timestamp for e in s.index_entries]  # FFmpeg keeps them in time order
+        over = limit / tb
+        jumps: set[tuple[float, float]] = set()
+        for a, b in zip(ticks, ticks[1:]):
+            if b - a > over:
+                jumps.update(self._jumps_between(c, s, a * tb, b * tb, limit))
+        return sorted(jumps)
+
+    def _jumps_between(self, c, s, a: float, b: float, limit: float) -> list[tuple[float, float]]:
+        """The jumps among the packets from index time `a` to `b` (demuxed, not decoded)."""
+        if not self._seek(c, s, a):
+            return []
+        tb, times = float(s.time_base), []
+        try:
+            for packet in c.demux(s):
+                if packet.pts is None:
+                    continue
+                times.append(float(packet.pts * tb))
+                if times[-1] >= b - EPS:
+                    break
+        except Exception as e:  # damaged data: what was read is what there is
+            if (err := self._failed_network(e)) is not None:
+                raise err from None
+        times.sort()
+        return [(x, y) for x, y in zip(times, times[1:]) if y - x > limit]
 
     def _probe_rotation(self, c, s) -> int:
         """Counter-clockwise quarter turns that bring a decoded frame upright: the display matrix
@@ -404,8 +579,18 @@ class VideoReader:
         for j, i in enumerate(order):
             img, t, substituted = found[j]
             out[i] = Frame(image=img, timestamp=round(t - self._start, 6), requested=timestamps[i],
-                           substituted=substituted)
+                           substituted=substituted or self._in_jump(timestamps[i]))
         return out  # type: ignore[return-value]
+
+    def _in_jump(self, t: float) -> bool:
+        """Whether `t` (video clock) lies where the timestamps jump and nothing was recorded."""
+        return self._spans is not None and not any(a - EPS <= t <= b + EPS for a, b in self._spans)
+
+    def _recorded(self, start: float, end: float) -> list[tuple[float, float]]:
+        """The parts of [start, end] (video clock) that hold frames."""
+        if self._spans is None:
+            return [(start, end)]
+        return [(max(a, start), min(b, end)) for a, b in self._spans if min(b, end) > max(a, start)]
 
     def _decode_nearest(self, wanted: list[float]) -> list[tuple[np.ndarray, float, bool]]:
         """For sorted target times (stream clock): (image, time, substituted) of the decoded
@@ -447,6 +632,8 @@ class VideoReader:
         except VideoError:
             raise
         except Exception as e:  # the demuxer or decoder failing beyond what _clean_frames skips
+            if (err := self._failed_network(e)) is not None:
+                raise err from None
             raise VideoError(f"{self.path}: decode failed ({type(e).__name__}: {e})") from None
         return results
 
@@ -493,7 +680,9 @@ class VideoReader:
         try:
             c.seek(round(t / float(s.time_base)), stream=s, backward=True, any_frame=False)
             return True
-        except Exception:
+        except Exception as e:
+            if self._network_failure(e):
+                raise self._network_error(e) from None
             return False
 
     def _rewind(self, c, s) -> None:
@@ -505,6 +694,8 @@ class VideoReader:
         try:
             c.seek(0, stream=s, unsupported_byte_offset=True)
         except Exception as e:
+            if self._network_failure(e):
+                raise self._network_error(e) from None
             raise VideoError(f"{self.path}: cannot seek to the start ({type(e).__name__}: {e})") from None
 
     def _start_time(self, s) -> float:
@@ -567,6 +758,8 @@ class VideoReader:
         except VideoError:
             raise
         except Exception as e:
+            if (err := self._failed_network(e)) is not None:
+                raise err from None
             raise VideoError(f"{self.path}: decode failed ({type(e).__name__}: {e})") from None
         if not out:
             raise VideoError(f"{self.path}: no frame decodable")
@@ -581,6 +774,8 @@ class VideoReader:
         k = self._count(k, "overview k")
         if k >= self._info.num_frames:
             return self._every_frame()
+        if self._spans is not None:  # timestamps that jump: spread over the recorded time only
+            return self.frames_at(_share(self._spans, k))
         return self.frames_at(overview_times(self._info.duration, k))
 
     def crop(
@@ -589,14 +784,28 @@ class VideoReader:
         """Frames of [start, end] at `fps` (>= 1, <= max_frames, <= the frames in the window at the
         video's mean rate; see sample_times); end is clamped to the duration; start >= end,
         start >= duration or a negative time is a VideoError, and so is max_frames outside
-        1..MAX_FRAMES."""
+        1..MAX_FRAMES. Where the timestamps jump, the frames are spread over the recorded parts of
+        the window, counted on their time; a window with none is a VideoError that says so."""
         max_frames = self._count(max_frames, "crop max_frames")
         try:
             times = sample_times(start, end, fps, max_frames, num_frames, duration=self._info.duration,
                                  source_fps=self._info.fps)
+            if self._spans is None:
+                return self.frames_at(times)
+            pieces = self._recorded(start, min(end, self._info.duration))
+            if not pieces:
+                raise VideoError(self._nothing_recorded(start, end))
+            held = sum(b - a for a, b in pieces)
+            n = len(sample_times(0.0, held, fps, max_frames, num_frames, source_fps=self._info.fps))
         except ValueError as e:
             raise VideoError(f"{self.path}: bad crop [{start}, {end}]: {e}") from None
-        return self.frames_at(times)
+        return self.frames_at(_share(pieces, n))
+
+    def _nothing_recorded(self, start: float, end: float) -> str:
+        gap = next(((a, b) for a, b in self._info.gaps if a <= start and end <= b), None)
+        where = f"its timestamps jump from {gap[0]:.2f} s to {gap[1]:.2f} s" if gap else "its timestamps jump there"
+        return (f"{self.path}: no frames in [{start:g}, {end:g}] s: nothing was recorded there ({where}; "
+                f"recorded: {', '.join(f'{a:.2f}-{b:.2f} s' for a, b in self._spans)})")
 
     # ---------- async: decoding runs on a bounded pool, never on the event loop ----------
     async def aframes_at(self, timestamps: list[float]) -> list[Frame]:
@@ -711,7 +920,7 @@ class _Pass:
         while True:
             before = self.frontier
             self.last_dts = self.byte_end = None
-            for packet in _demux(self.c):
+            for packet in _demux(self.c, self.r._failed_network):
                 if packet is not None and packet.stream_index != self.index:
                     self._follow_bytes(packet)
                     continue
@@ -932,15 +1141,18 @@ class _Pass:
         self._spoiled(t)
 
 
-def _demux(c) -> Iterator:
+def _demux(c, fatal=lambda e: None) -> Iterator:
     """Packets of every stream (their byte positions show what a demuxer skipped); None marks a
     demux error (bytes lost there), after which demuxing goes on (a few times: a demuxer that
-    keeps failing has nothing left to give)."""
+    keeps failing has nothing left to give). Where `fatal(error)` gives an exception (the
+    network failed, not the data), that is raised instead."""
     for _ in range(16):
         try:
             yield from c.demux()
             return
-        except Exception:
+        except Exception as e:
+            if (err := fatal(e)) is not None:
+                raise err from None
             yield None
 
 

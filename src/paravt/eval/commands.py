@@ -42,13 +42,39 @@ def make_backends(model: str | None, endpoints: str | None, api_key: str | None,
     return make_backend(model, api_key=api_key, console=console, timeout_s=timeout_s)
 
 
+def error_report(summary: dict) -> list[str]:
+    """The end of a run with errors: how many, and the most common causes, most frequent first."""
+    if not summary.get("errors"):
+        return []
+    lines = [f"{summary['errors']} of {summary['n']} samples failed ({summary['error_rate']:.1f}%); most common "
+             "causes:"]
+    lines += [f"  {n} x {cause}" for cause, n in (summary.get("error_causes") or {}).items()]
+    return lines
+
+
+def run_failed(summary: dict, max_error_rate: float) -> str | None:
+    """Why a finished run counts as failed (the CLI exits 1), else None: nothing was evaluated, or
+    more than `max_error_rate` (a fraction) of the samples failed. A score over failures is not a
+    result: a dead model must not look like a model that answers wrong."""
+    if not summary.get("n"):
+        return "no sample was evaluated (n = 0)"
+    rate = summary["errors"] / summary["n"]
+    if rate > max_error_rate:
+        return (f"{summary['errors']} of {summary['n']} samples failed ({100 * rate:.1f}%), more than "
+                f"--max-error-rate {max_error_rate:g}")
+    return None
+
+
 def eval_command(*, bench: str, data: str, videos: str | None, model: str | None, endpoints: str | None, mode: str,
                  out: str, limit: int | None, concurrency: int, frames: int, max_turns: int, max_parallel: int,
                  max_new_tokens: int, api_key: str | None, force: bool, retry_errors: bool = True,
                  keep_token_ids: bool = False, served_model: str | None = None, image_format: str = "png",
                  oe_metric: str = "f1", sample_timeout_s: float | None = 1800.0, progress: bool = True,
-                 prompts: str = "paravt", timeout_s: float = 600.0, final_turn_think: bool = True) -> dict:
-    """Load the benchmark, build the backend(s), run, print the summary. Returns the summary."""
+                 prompts: str = "paravt", timeout_s: float = 600.0, final_turn_think: bool = True,
+                 max_error_rate: float = 0.5) -> dict:
+    """Load the benchmark, build the backend(s), run, print the summary and the errors' causes.
+    Returns the summary; exits 1 (typer.Exit) when the run failed (see run_failed): the rows
+    written stay, and a rerun retries the failed samples."""
     import asyncio
 
     from rich.console import Console
@@ -69,8 +95,10 @@ def eval_command(*, bench: str, data: str, videos: str | None, model: str | None
         reward_cfg = RewardConfig(oe_metric=oe_metric)
         if concurrency < 1:
             raise ValueError(f"--concurrency must be >= 1, got {concurrency}")
-        if limit is not None and limit < 0:
-            raise ValueError(f"--limit must be >= 0, got {limit}")
+        if limit is not None and limit < 1:
+            raise ValueError(f"--limit must be >= 1, got {limit}" + (" (0 evaluates nothing)" if limit == 0 else ""))
+        if not 0 <= max_error_rate <= 1:
+            raise ValueError(f"--max-error-rate must be a fraction from 0 to 1, got {max_error_rate}")
         loaded = load_benchmark(bench, data, videos)
         console.print(f"[bold]{bench}[/bold]: {len(loaded.samples)} samples with their video")
         if loaded.missing:
@@ -106,6 +134,12 @@ def eval_command(*, bench: str, data: str, videos: str | None, model: str | None
     for t in summary_tables(summary, f"{bench} · {mode} · {out}"):
         console.print(t)
     console.print(f"[dim]{out}/results.jsonl, summary.json, summary.md[/dim]")
+    for line in error_report(summary):
+        console.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
+    failed = run_failed(summary, max_error_rate)
+    if failed:
+        _fail(f"{failed}; the rows are in {out}/results.jsonl (rerun the same command to retry the failed "
+              "samples)", code=1)
     return summary
 
 
@@ -136,6 +170,8 @@ def eval_run(
     prompts: str = typer.Option("paravt", help="Prompt profile: paravt | official (the layout ParaVT-8B was trained "
                                                "with)."),
     timeout: float = typer.Option(600.0, help="Seconds one model call may take, retries included."),
+    max_error_rate: float = typer.Option(0.5, help="Exit 1 when more than this fraction of the samples failed "
+                                                   "(error rows); rows stay written, a rerun retries them."),
     final_turn_think: bool = typer.Option(True, help="The last round's forced answer keeps the think prefix and the "
                                                      "full token budget (--no-final-turn-think: a direct answer in "
                                                      "64 / 128 tokens, as the public evaluation)."),
@@ -153,7 +189,7 @@ def eval_run(
                  max_new_tokens=max_new_tokens, api_key=api_key, force=force, retry_errors=retry_errors,
                  keep_token_ids=keep_token_ids, served_model=served_model, image_format=image_format,
                  oe_metric=oe_metric, sample_timeout_s=sample_timeout if sample_timeout > 0 else None,
-                 prompts=prompts, timeout_s=timeout, final_turn_think=final_turn_think)
+                 prompts=prompts, timeout_s=timeout, final_turn_think=final_turn_think, max_error_rate=max_error_rate)
 
 
 @eval_app.command("report")

@@ -8,13 +8,14 @@ figure; its latency and tokens are left out of those statistics.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import numpy as np
 
 from paravt.rewards import RewardConfig, accuracy_reward, mcq_letter, parse_span
 
 RECALL_IOUS = (0.3, 0.5, 0.7)
+TOP_CAUSES = 5  # error causes kept in a summary, most frequent first
 
 
 def score_prediction(prediction: str | None, answer: str, question_type: str, *, options: list[str] | None = None,
@@ -51,6 +52,14 @@ def _groups(value) -> list[str]:
     return [str(value)]
 
 
+def error_cause(row: dict) -> str:
+    """A row's error with its own video's path taken out, so that one failure on many samples
+    (an unreadable video format, a server gone) counts as one cause."""
+    error = str(row.get("error") or "")
+    video = row.get("video_path")
+    return (error.replace(str(video), "<video>") if video else error)[:300]
+
+
 def summarize(rows: list[dict], breakdowns: tuple[str, ...] = ("duration", "task"),
               headline: str | None = None) -> dict:
     """Summary of results.jsonl rows (one per sample). Percentages are in %, 0..100.
@@ -61,6 +70,8 @@ def summarize(rows: list[dict], breakdowns: tuple[str, ...] = ("duration", "task
     ok = [r for r in rows if not r.get("error")]
     score = [0.0 if r.get("error") else float(r.get("score") or 0.0) for r in rows]
     out: dict = {"n": n, "errors": n - len(ok), "error_rate": 100 * (n - len(ok)) / n if n else 0.0}
+    causes = Counter(error_cause(r) for r in rows if r.get("error"))
+    out["error_causes"] = dict(causes.most_common(TOP_CAUSES))  # a dict: left out of the metric tables
     by_type: dict[str, list[float]] = defaultdict(list)
     for r, s in zip(rows, score):
         by_type[r.get("question_type", "mcq")].append(s)

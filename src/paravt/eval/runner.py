@@ -7,6 +7,10 @@ manifest pins the settings that change results (benchmark, model, episode config
 resume never mixes two configurations unless forced. Several backends (or one OpenAI backend over
 several endpoints) are used at once: each episode goes to the least busy one.
 
+The model server is checked before the run (a dead one fails it at once, nothing written), and
+again after a sample's model call failed, so that the row names the cause ("cannot connect
+(Connection refused)") rather than only the deadline the episode saw pass while the client retried.
+
 A run directory that cannot be written (disk full, read-only, quota) raises OutputError naming
 the file: the run stops taking samples, lets the episodes in flight end (cancelling one under a
 running frame decode is unsafe), writes nothing more and keeps every row already written, so a
@@ -29,6 +33,7 @@ from paravt.agent import Episode, EpisodeConfig, run_episode
 from paravt.backends.base import Backend, BackendError
 from paravt.eval.benchmarks import BENCHMARKS, MissingVideo, Sample
 from paravt.eval.metrics import markdown, normalized_prediction, score_prediction, summarize
+from paravt.eval.servers import check_servers, outage
 from paravt.rewards import RewardConfig
 from paravt.video import VideoError
 
@@ -295,7 +300,7 @@ async def _run_sample(pool: _Pool, s: Sample, cfg: EpisodeConfig, reward_cfg: Re
     that outlives `timeout_s`, become an error row; anything else is a bug and propagates."""
     i = pool.take()
     t0 = time.perf_counter()
-    ep, error, backend_failed = None, None, False
+    ep, error, backend_failed, detail = None, None, False, None
     try:
         ep = await asyncio.wait_for(
             run_episode(pool.backends[i], s.video_path, s.question, cfg, question_type=s.question_type,
@@ -304,13 +309,19 @@ async def _run_sample(pool: _Pool, s: Sample, cfg: EpisodeConfig, reward_cfg: Re
         error = f"VideoError: {e}"
     except BackendError as e:
         error, backend_failed = f"BackendError: {e}", True
+        cause = await outage(pool.backends[i])  # the episode saw a deadline pass; was the server there?
+        if cause is not None:
+            error, detail = f"BackendError: {cause}", error
     except asyncio.TimeoutError:
         error = f"TimeoutError: the episode took longer than {timeout_s} s"
     finally:
         pool.give(i)
     if ep is not None and ep.error:  # the main agent's model returned an error completion
         backend_failed = True
-    return sample_row(s, ep, error, time.perf_counter() - t0, reward_cfg, keep_ids, i), backend_failed
+    row = sample_row(s, ep, error, time.perf_counter() - t0, reward_cfg, keep_ids, i)
+    if detail is not None:
+        row["error_detail"] = detail
+    return row, backend_failed
 
 
 # ----------------------------------------------------------------------------------------------
@@ -358,34 +369,45 @@ async def run_eval_async(
     Progress to add a task to. missing: samples skipped for want of a video (reported).
     sample_timeout_s: an episode running longer becomes an error row (retried on rerun) instead
     of stalling the run.
-    stop_after: end the run after that many new rows (tests use it to simulate a kill)."""
+    stop_after: end the run after that many new rows (tests use it to simulate a kill).
+    When samples are left to run, each backend's model servers are checked first (servers.py): a
+    backend none of whose servers answers raises BackendError before anything is written."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
     reward_cfg = reward_cfg or RewardConfig()
     out = Path(out_dir)
-    with disk_errors(out):
-        out.mkdir(parents=True, exist_ok=True)
     targets = list(samples[:limit] if limit is not None else samples)
     bench = targets[0].bench if targets else (samples[0].bench if samples else (manifest or {}).get("bench"))
     man = {"bench": bench, "model": model, "episode": asdict(config), "scoring": {"oe_metric": reward_cfg.oe_metric},
            **{k: v for k, v in (manifest or {}).items() if k != "info"},
            "info": {"created": time.strftime("%Y-%m-%dT%H:%M:%S"), "n_samples": len(samples),
                     "missing_videos": len(missing), **(manifest or {}).get("info", {})}}
-    check_manifest(out, man, force)
-    write_text(out / "missing_videos.jsonl", "".join(json.dumps(asdict(m)) + "\n" for m in missing))
-
     results = out / RESULTS
-    done = latest_rows(read_results(results))
-    finished = {i for i, r in done.items() if not (retry_errors and r.get("error"))}
-    todo = deque(s for s in targets if s.id not in finished)
-
     created = not isinstance(backends, Backend) and callable(backends)
     made = backends() if created else backends
     pool = _Pool([made] if isinstance(made, Backend) else list(made))
     if not pool.backends:
         raise ValueError("no backend given")
+    try:  # before anything is written: a dead server fails the run at once, with its cause
+        done = latest_rows(read_results(results, repair=False))
+        if any(s.id not in done or (retry_errors and done[s.id].get("error")) for s in targets):
+            for b in pool.backends:
+                await check_servers(b)
+        with disk_errors(out):
+            out.mkdir(parents=True, exist_ok=True)
+        check_manifest(out, man, force)
+        write_text(out / "missing_videos.jsonl", "".join(json.dumps(asdict(m)) + "\n" for m in missing))
+    except BaseException:
+        if created:
+            for b in pool.backends:
+                await b.aclose()
+        raise
+
+    done = latest_rows(read_results(results))
+    finished = {i for i, r in done.items() if not (retry_errors and r.get("error"))}
+    todo = deque(s for s in targets if s.id not in finished)
     prog, own_prog = _make_progress(progress)
     task = None
     tally = {"n": 0, "score": 0.0, "err": 0}
