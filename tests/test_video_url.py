@@ -119,3 +119,17 @@ def test_ask_command_on_a_dead_url_is_one_line():
     assert r.exit_code == 2, r.output
     errors = [line for line in r.output.splitlines() if "error" in line.lower() or "Traceback" in line]
     assert errors == [f"error: {video}: cannot read (Connection refused)"], r.output
+
+
+def test_ask_gives_a_url_its_timeout(site):
+    """`ask --timeout` bounds the video's reads as it bounds model calls (it once opened the URL
+    with the reader's 600 s default)."""
+    from typer.testing import CliRunner
+
+    from paravt.cli import app
+
+    _, url, _ = site
+    t = time.perf_counter()
+    r = CliRunner().invoke(app, ["ask", f"{url}/stall/v.mp4", "What happens?", "--timeout", "1"])
+    assert r.exit_code == 2 and "cannot read (no data within 1 s)" in r.output, r.output
+    assert time.perf_counter() - t < 20

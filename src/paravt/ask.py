@@ -143,7 +143,7 @@ def ask(video: str, question: str, *, model: str | None, config: EpisodeConfig, 
         console.print(f"[dim]question type: {question_type} ("
                       + ("options found in the question" if question_type == "mcq" else
                          "no 'A. …' option lines found; --question-type mcq or tvg to override") + ")[/dim]")
-    reader = VideoReader(video)
+    reader = VideoReader(video, timeout_s=config.model_timeout_s)  # a URL's reads: the model calls' deadline
     try:
         backend = backend or make_backend(model, api_key=api_key, console=Console(stderr=True),
                                           timeout_s=config.model_timeout_s)

@@ -66,7 +66,7 @@ def demo(
 
 @app.command()
 def ask(
-    video: str = typer.Argument(..., help="Video file."),
+    video: str = typer.Argument(..., help="Video file, or an http(s) URL (read with range requests)."),
     question: str = typer.Argument(..., help="The question (put MCQ options in it as 'A. …' lines)."),
     model: str = typer.Option(None, help="Checkpoint dir, hub id (cached), or http(s) URL of an OpenAI-compatible server."),
     mode: str = typer.Option("parallel", help="parallel | sequential | inline | none"),
