@@ -196,9 +196,11 @@ def test_sigkill_midway_then_rerun_gives_the_same_summary(full, split, samples, 
 def test_manifest_refuses_other_settings_unless_forced(samples, tmp_path):
     out = tmp_path / "m"
     run_eval(samples[:2], make_backend(), CFG, out, model="ckpt-a")
-    with pytest.raises(ManifestMismatch, match="episode"):
+    with pytest.raises(ManifestMismatch) as e:
         run_eval(samples[:2], make_backend(), EpisodeConfig(frames=8, max_turns=2), out, model="ckpt-a")
-    with pytest.raises(ManifestMismatch, match="model"):
+    assert "episode.frames: 4 then, 8 now" in str(e.value) and "episode.max_new_tokens: 64 then, 2048 now" in str(e.value)
+    assert "max_turns" not in str(e.value) and "episode.mode" not in str(e.value)  # only what changed is named
+    with pytest.raises(ManifestMismatch, match="model: 'ckpt-a' then, 'ckpt-b' now"):
         run_eval(samples[:2], make_backend(), CFG, out, model="ckpt-b")
     s = run_eval(samples[:3], make_backend(), CFG, out, model="ckpt-a")  # a larger limit is the same run
     assert s["n"] == 3
@@ -357,6 +359,10 @@ def test_cli_run_resume_report_and_errors(split, tmp_path, monkeypatch):
                          "--md", str(md)])
     assert r.exit_code == 0, r.output
     assert png.stat().st_size > 5000 and "par (parallel)" in md.read_text() and "none" in md.read_text()
+    monkeypatch.chdir(tmp_path)  # without --plot, no picture appears in the current folder
+    before = set(tmp_path.iterdir())
+    r = cli.invoke(app, ["eval", "report", str(tmp_path / "par"), str(tmp_path / "none")])
+    assert r.exit_code == 0 and "par (parallel)" in r.output and set(tmp_path.iterdir()) == before
     r = cli.invoke(app, ["eval", "report", str(tmp_path / "nothing")])
     assert r.exit_code == 2 and "summary.json" in r.output
     r = cli.invoke(app, ["eval", "run", "--bench", "imagenet", "--data", str(split), "--out", str(tmp_path / "x")])

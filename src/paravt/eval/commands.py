@@ -195,7 +195,7 @@ def eval_run(
 @eval_app.command("report")
 def eval_report(
     runs: list[str] = typer.Argument(..., help="Run directories to compare."),
-    plot: str = typer.Option("eval_report.png", help="Bar plot (PNG) of score and tool calls per run."),
+    plot: str = typer.Option(None, help="Also draw a bar plot (PNG) of score and tool calls per run here."),
     md: str = typer.Option(None, help="Also write the comparison as Markdown here."),
 ) -> None:
     """Compare eval runs side by side (e.g. the four dispatch modes)."""
@@ -209,7 +209,9 @@ def eval_report(
         _fail(str(e))
     for t in tables:
         Console().print(t)
-    typer.echo(f"plot: {plot}" + (f"  markdown: {md}" if md else ""))
+    written = [f"plot: {plot}"] * bool(plot) + [f"markdown: {md}"] * bool(md)
+    if written:
+        typer.echo("  ".join(written))
 
 
 @eval_app.command("list")

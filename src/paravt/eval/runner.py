@@ -202,6 +202,21 @@ def _compared(manifest: dict) -> dict:
     return d
 
 
+def setting_changes(old: dict, new: dict, prefix: str = "") -> list[tuple[str, object, object]]:
+    """(dotted setting, old value, new value) of every leaf that differs, so a refused resume names
+    `episode.frames`, not a whole section."""
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += setting_changes(a, b, f"{prefix}{k}.")
+        else:
+            out.append((f"{prefix}{k}", a, b))
+    return out
+
+
 def check_manifest(out: Path, manifest: dict, force: bool) -> None:
     """Write the run's manifest, or check a resumed run against it. Keys under "info" (times,
     sample counts, server URLs) may differ; everything else must match unless `force` (or the
@@ -221,10 +236,10 @@ def check_manifest(out: Path, manifest: dict, force: bool) -> None:
             if has_rows:
                 return  # same settings: keep the original manifest (its creation time)
         elif has_rows:
-            diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
             if not force:
-                raise ManifestMismatch(f"{out} holds a run with other settings ({', '.join(diff)} differ); "
-                                       "use another --out, or --force to mix them")
+                diff = "; ".join(f"{k}: {a!r} then, {b!r} now" for k, a, b in setting_changes(old, new))
+                raise ManifestMismatch(f"{out} holds a run with other settings ({diff}); use another --out, or "
+                                       "--force to mix them")
             manifest = {**manifest, "info": {**manifest.get("info", {}), "forced_over": old_all}}
     write_text_atomic(path, json.dumps(manifest, indent=1, sort_keys=True, default=str))
 
