@@ -52,6 +52,35 @@ class RejectingBackend(FakeBackend):
                               "32768 tokens (--max-model-len)")
 
 
+@pytest.fixture(scope="module")
+def tiny_backend(tiny_dir):
+    from paravt.backends.hf import HFBackend
+    from paravt.models import load_model
+
+    return HFBackend(*load_model(str(tiny_dir), device="cpu"))
+
+
+def test_a_prompt_over_the_context_is_reported_with_the_whole_prompts_numbers(tiny_backend):
+    """The limit and the count are the whole prompt's: 2000 messages once said "the prompt needs more
+    than 8 tokens of text" (the room left for the last message), max_tokens near the context "-3 tokens"."""
+    import re
+
+    ctx = tiny_backend.max_model_len
+    with Server(create_app(tiny_backend, "tiny")) as s:
+        many = [{"role": "user", "content": "hello there " * 8}] * 2000
+        r = httpx.post(s.url + CHAT, json={"messages": many, "max_tokens": 8}, timeout=60)
+        assert r.status_code == 400, r.text
+        msg = r.json()["error"]["message"]
+        assert f"over the limit of {ctx - 8} tokens for the prompt" in msg, msg
+        assert int(re.search(r"the prompt is at least (\d+) tokens", msg).group(1)) > ctx - 8, msg
+        assert f"context is {ctx} tokens, of which max_new_tokens=8" in msg
+        r = httpx.post(s.url + CHAT, json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": ctx - 1})
+        assert r.status_code == 400, r.text
+        msg = r.json()["error"]["message"]
+        assert "over the limit of 1 token for the prompt" in msg and not re.search(r"-\d", msg), msg
+    assert tiny_backend.batches_run == 0  # refused before any model work
+
+
 def test_request_rejected_by_the_backend_is_400_with_its_message():
     with Server(create_app(RejectingBackend(), "m")) as s:
         r = httpx.post(s.url + CHAT, json={"messages": [{"role": "user", "content": "x" * 1000}]})
@@ -71,20 +100,52 @@ class RecordingHF(FakeBackend):
         RecordingHF.made.append(kw)
 
 
+LOADED: list[str] = []
+
+
 @pytest.fixture
 def serve_wiring(monkeypatch):
-    """`paravt serve` with the model, the hf backend and uvicorn.run replaced: the app it builds is kept."""
+    """`paravt serve` with the model loader, the hf backend and uvicorn.run replaced: the app it builds
+    is kept, the paths it loads are in LOADED."""
     import uvicorn
 
     import paravt.backends.hf
+    import paravt.models
     import paravt.models.tiny
 
     apps = []
     RecordingHF.made = []
+    LOADED.clear()
+    monkeypatch.delenv("PARAVT_MODEL", raising=False)
     monkeypatch.setattr(paravt.backends.hf, "HFBackend", RecordingHF)
+    monkeypatch.setattr(paravt.models, "load_model", lambda path, *a, **k: LOADED.append(path) or (object(), object()))
     monkeypatch.setattr(paravt.models.tiny, "build_tiny", lambda *a, **k: (object(), object()))
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: apps.append(app))
     return apps
+
+
+def test_serve_without_a_model_serves_the_shipped_trained_one(serve_wiring, monkeypatch, tmp_path):
+    """As `ask`, `eval` and `demo`: the shipped checkpoint (it once served an untrained model, "its
+    output is noise"), or $PARAVT_MODEL."""
+    from pathlib import Path
+
+    import paravt
+    from paravt.serve import serve
+
+    shipped = Path(paravt.__file__).parent / "assets" / "tiny-paravt"
+    assert (shipped / "model.safetensors").exists()
+    serve(None)
+    assert [Path(p).resolve() for p in LOADED] == [shipped.resolve()]
+    with Server(serve_wiring[-1]) as s:
+        assert [m["id"] for m in httpx.get(s.url + "/v1/models").json()["data"]] == ["tiny-paravt"]
+    mine = tmp_path / "my-ckpt"
+    mine.mkdir()
+    monkeypatch.setenv("PARAVT_MODEL", str(mine))
+    serve(None)
+    assert LOADED[-1] == str(mine)
+    monkeypatch.setenv("PARAVT_MODEL", "http://127.0.0.1:1")
+    with pytest.raises(ValueError, match="PARAVT_MODEL is a URL"):
+        serve(None)
 
 
 def test_cli_serve_passes_max_model_len_and_image_limits(serve_wiring):
@@ -110,10 +171,12 @@ def test_cli_serve_passes_max_model_len_and_image_limits(serve_wiring):
 
 @pytest.mark.parametrize("flags,needle", [(["--max-images", "0"], "max_images must be >= 1"),
                                           (["--max-total-pixels", "0"], "max_total_pixels must be >= 1"),
+                                          (["--max-inflight-pixels", "0"], "max_inflight_pixels must be >= 1"),
                                           (["--max-model-len", "0"], "max_model_len must be >= 1")])
 def test_cli_serve_refuses_bad_limits_before_loading(serve_wiring, monkeypatch, flags, needle):
     from typer.testing import CliRunner
 
+    import paravt.models
     import paravt.models.tiny
     from paravt.cli import app
 
@@ -121,6 +184,7 @@ def test_cli_serve_refuses_bad_limits_before_loading(serve_wiring, monkeypatch, 
         raise AssertionError("the model was loaded before the limits were checked")
 
     monkeypatch.setattr(paravt.models.tiny, "build_tiny", boom)
+    monkeypatch.setattr(paravt.models, "load_model", boom)
     r = CliRunner().invoke(app, ["serve", *flags])
     assert r.exit_code == 2 and r.output.strip().splitlines() == [f"error: {needle}, got 0"], r.output
     assert not RecordingHF.made and not serve_wiring
@@ -188,6 +252,114 @@ def test_image_caps_are_configurable_and_exact_at_the_limit():
         assert r.status_code == 413
     with pytest.raises(ValueError, match="max_images"):
         create_app(b, "m", max_images=0)
+
+
+# ------------------------------------------------------------------------------------------
+# round 2, 3. decoded pixels: shrunk to the model's size while decoding, bounded server-wide
+
+
+class SizedBackend(FakeBackend):
+    """A fake that knows its model's image size the way HFBackend does (through its renderer)."""
+
+    def __init__(self, renderer, delay_s: float = 0.0):
+        super().__init__(delay_s)
+        self.renderer = renderer
+
+
+def halves(w: int, h: int) -> np.ndarray:
+    """Red left half, blue right half: survives any resize, so the content can be checked."""
+    img = np.zeros((h, w, 3), np.uint8)
+    img[:, : w // 2, 0] = 255
+    img[:, w // 2:, 2] = 255
+    return img
+
+
+def test_a_large_image_is_decoded_to_the_models_size(tiny_backend):
+    """A 4096x2048 image reaches the model at the size its processor resizes it to, not at full size
+    (it used to be held at 4096x2048, 25 MB, until the prefill); a JPEG is never decoded whole (the
+    decoder's DCT scaling); a small image is passed exactly as sent."""
+    from paravt.serve import ImageLimits, model_image_fit, read_messages
+
+    renderer = tiny_backend.renderer
+    big = halves(4096, 2048)
+    th, tw = renderer.image_size(big)
+    assert tw * th <= renderer.max_pixels < 4096 * 2048 // 16
+    small = np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    b = SizedBackend(renderer)
+    with Server(create_app(b, "m")) as s:
+        for fmt in ("jpeg", "png"):
+            body = {"messages": user(img_part(image_data_url(big, fmt)), img_part(image_data_url(small)))}
+            r = httpx.post(s.url + CHAT, json=body, timeout=30)
+            assert r.status_code == 200, r.text
+            got, kept = (p.image for p in b.seen[-1].messages[0].images())
+            assert got.shape == (th, tw, 3), fmt
+            assert got[:, : tw // 3, 0].min() > 200 and got[:, : tw // 3, 2].max() < 60  # red stays left
+            assert got[:, -tw // 3:, 2].min() > 200 and got[:, -tw // 3:, 0].max() < 60  # blue stays right
+            assert np.array_equal(kept, small)
+    raw = user(img_part(image_data_url(big, "jpeg")), img_part(image_data_url(big, "png")))
+    _, (jpeg, png) = read_messages(raw, ImageLimits(), model_image_fit(tiny_backend))
+    assert jpeg.decode_pixels <= 4096 * 2048 // 16  # the decoder works at 1/4 scale or less
+    assert png.decode_pixels == 4096 * 2048 and png.held_pixels == jpeg.held_pixels == tw * th
+
+
+def test_the_pixel_budget_is_first_come_first_served():
+    from paravt.serve import PixelBudget
+
+    async def main():
+        budget = PixelBudget(10, wait_s=5)
+        assert await budget.acquire(8) == 8
+        big = asyncio.ensure_future(budget.acquire(5))
+        await asyncio.sleep(0.01)
+        small = asyncio.ensure_future(budget.acquire(1))  # would fit, but waits behind the earlier request
+        await asyncio.sleep(0.01)
+        assert not big.done() and not small.done()
+        budget.release(8)
+        assert await big == 5 and await small == 1 and budget.used == 6
+        budget.release(6)
+        assert await budget.acquire(50) == 10  # larger than the whole budget: runs alone
+        assert await PixelBudget(10, wait_s=0.05).acquire(1) == 1
+        short = PixelBudget(10, wait_s=0.05)
+        await short.acquire(10)
+        assert await short.acquire(1) is None and short.used == 10 and not short._waiters
+
+    asyncio.run(main())
+
+
+def test_pixels_in_flight_are_bounded_server_wide():
+    """A request whose images do not fit next to those in flight waits for them, and past the wait is
+    answered 503 with Retry-After; text-only requests are never held; pixels come back after a request."""
+    url = image_data_url(np.full((64, 64, 3), 9, np.uint8))
+    with_image = {"messages": user(img_part(url), {"type": "text", "text": "hi"})}
+    b = FakeBackend(delay_s=1.0)
+    with Server(create_app(b, "m", max_inflight_pixels=64 * 64, pixel_wait_s=0.2)) as s:
+        first: list = []
+        t = threading.Thread(target=lambda: first.append(httpx.post(s.url + CHAT, json=with_image, timeout=10)))
+        t.start()
+        deadline = time.time() + 5
+        while not b.active and time.time() < deadline:
+            time.sleep(0.01)
+        assert b.active == 1
+        r = httpx.post(s.url + CHAT, json=with_image, timeout=10)
+        assert r.status_code == 503, r.text
+        assert r.headers["retry-after"].isdigit() and int(r.headers["retry-after"]) > 0
+        err = r.json()["error"]
+        assert err["type"] == "service_unavailable" and "pixels" in err["message"] and str(64 * 64) in err["message"]
+        r = httpx.post(s.url + CHAT, json={"messages": [{"role": "user", "content": "no image"}]}, timeout=10)
+        assert r.status_code == 200
+        t.join(10)
+        assert first[0].status_code == 200
+        assert httpx.post(s.url + CHAT, json=with_image, timeout=10).status_code == 200  # the pixels came back
+    b = FakeBackend(delay_s=0.5)
+    with Server(create_app(b, "m", max_inflight_pixels=64 * 64, pixel_wait_s=10)) as s:
+        out: list = []
+        ts = [threading.Thread(target=lambda: out.append(httpx.post(s.url + CHAT, json=with_image, timeout=10)))
+              for _ in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(10)
+        assert [r.status_code for r in out] == [200, 200]
+        assert b.max_active == 1  # the second waited for the first's pixels
 
 
 # ------------------------------------------------------------------------------------------
@@ -340,7 +512,9 @@ def test_cli_defaults_are_the_servers():
     import inspect
 
     from paravt.cli import serve as cli_serve
+    from paravt.serve import MAX_INFLIGHT_PIXELS
 
     params = inspect.signature(cli_serve).parameters
     assert params["max_images"].default.default == MAX_IMAGES
     assert params["max_total_pixels"].default.default == MAX_TOTAL_PIXELS
+    assert params["max_inflight_pixels"].default.default == MAX_INFLIGHT_PIXELS

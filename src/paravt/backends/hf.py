@@ -32,6 +32,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import AsyncIterator, Callable
 
 import numpy as np
 import torch
@@ -104,19 +105,22 @@ class Renderer:
 
     CHUNK_CHARS = 65536
 
-    def encode_within(self, text: str, budget: int) -> list[int]:
-        """`encode(text)`, or RequestRejected once it is known to need more than `budget` tokens.
-        A long text is first counted in chunks (stopping at the budget), so a huge prompt costs one
-        chunk's memory to refuse, not a tokenization of the whole."""
+    def encode_within(self, text: str, budget: int, used: int = 0) -> list[int]:
+        """`encode(text)`, or RequestRejected once the prompt is known to need more than `budget`
+        tokens, `used` of which came before this text (the error speaks of the whole prompt: the
+        room left for this one text is no number a client can act on). A long text is first
+        counted in chunks (stopping at the budget), so a huge prompt costs one chunk's memory to
+        refuse, not a tokenization of the whole."""
         if len(text) > self.CHUNK_CHARS:
             n = 0
+            slack = len(text) // self.CHUNK_CHARS + 1  # a chunk boundary shifts counts by ~1
             for i in range(0, len(text), self.CHUNK_CHARS):
-                n += len(self.encode(text[i: i + self.CHUNK_CHARS]))  # a chunk boundary shifts counts by ~1
-                if n > budget + len(text) // self.CHUNK_CHARS + 1:
-                    raise RequestRejected(f"the prompt needs more than {budget} tokens of text")
+                n += len(self.encode(text[i: i + self.CHUNK_CHARS]))
+                if used + n - slack > budget:
+                    raise _too_long(used + n - slack, budget)
         ids = self.encode(text)
-        if len(ids) > budget:
-            raise RequestRejected(f"the prompt needs more than {budget} tokens of text")
+        if used + len(ids) > budget:
+            raise _too_long(used + len(ids), budget)
         return ids
 
     def _header(self, role: str) -> list[int]:
@@ -158,7 +162,7 @@ class Renderer:
                 continue
             for part in m.parts():
                 if isinstance(part, TextPart):
-                    ids += self.encode_within(part.text, budget - len(ids))
+                    ids += self.encode_within(part.text, budget, used=len(ids))
                 elif isinstance(part, ImagePart):
                     n = self.image_tokens(part.image)
                     ids += [self.vision_start] + [self.image_pad] * n + [self.vision_end]
@@ -167,7 +171,7 @@ class Renderer:
                 else:
                     raise ValueError(f"unknown message part {type(part).__name__}")
                 if len(ids) > budget:
-                    raise RequestRejected(f"the prompt is longer than {budget} tokens")
+                    raise _too_long(len(ids), budget)
             ids += [self.im_end] + self.newline
         prefix_ids: list[int] = []
         if add_generation_prompt:
@@ -175,7 +179,7 @@ class Renderer:
             prefix_ids = self.encode(prefix)
             ids += prefix_ids
         if len(ids) > budget:
-            raise RequestRejected(f"the prompt is {len(ids)} tokens, over the limit of {budget}")
+            raise _too_long(len(ids), budget, exact=True)
         return Rendered(ids=ids, images=images, visual_tokens=visual, prefix_ids=prefix_ids)
 
     def pixel_inputs(self, images: list[np.ndarray]) -> dict:
@@ -183,6 +187,16 @@ class Renderer:
             return {}
         out = self.processor.image_processor(images=images, return_tensors="pt")
         return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+
+
+def _too_long(count: int, budget: int, exact: bool = False) -> RequestRejected:
+    """The error of a prompt over its budget: how long it is (or at least, when counting stopped
+    early) against the whole prompt's limit."""
+    def tokens(n: int) -> str:
+        return f"{n} token" if n == 1 else f"{n} tokens"
+
+    size = tokens(count) if exact else f"at least {tokens(count)}"
+    return RequestRejected(f"the prompt is {size}, over the limit of {tokens(max(budget, 0))} for the prompt")
 
 
 def _check_image(image) -> None:
@@ -272,6 +286,8 @@ class _Job:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     reason: str = "length"
+    # called on the worker thread with each token that does not end the row (streaming)
+    on_token: Callable[[int], None] | None = None
 
     def gone(self) -> bool:
         """The caller stopped waiting (cancelled task, timeout, disconnected client)."""
@@ -396,6 +412,8 @@ def _step(model, renderer: Renderer, batch: _Batch, banned: torch.Tensor, max_mo
             done.append(job)
         elif not job.gone():
             keep.append(j)
+            if job.on_token is not None:
+                job.on_token(t)
     fed = [tokens[j] for j in keep]
     batch = _select(batch, keep)
     if batch is None:
@@ -426,6 +444,28 @@ def _completion(job: _Job, renderer: Renderer) -> Completion:
     return Completion(text=text, finish_reason=job.reason, prompt_tokens=len(rd.ids), visual_tokens=rd.visual_tokens,
                       completion_tokens=len(ids), prompt_ids=list(rd.ids), token_ids=list(ids),
                       logprobs=list(job.logprobs), assistant_ids=list(rd.prefix_ids) + list(ids))
+
+
+class IncrementalText:
+    """Decodes a growing list of token ids into text pieces, one `push` at a time, without
+    re-decoding the whole list each step: only the last few ids are decoded again (a byte-level
+    token may complete a character that earlier tokens began), and a piece that ends in U+FFFD (half
+    a UTF-8 character) waits for the next token. vLLM's detokenizer works the same way."""
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+        self.ids: list[int] = []
+        self.start = 0  # decoding context begins here
+        self.read = 0  # text up to here has been handed out
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        done = self.tok.decode(self.ids[self.start:self.read], skip_special_tokens=False)
+        now = self.tok.decode(self.ids[self.start:], skip_special_tokens=False)
+        if len(now) <= len(done) or now.endswith("\ufffd"):
+            return ""
+        self.start, self.read = self.read, len(self.ids)
+        return now[len(done):]
 
 
 def default_decode_threads(model) -> int | None:
@@ -492,7 +532,8 @@ class HFBackend:
 
     # ---- submitting
 
-    def _submit(self, requests: list[GenerateRequest]) -> list[concurrent.futures.Future]:
+    def _submit(self, requests: list[GenerateRequest], on_token: Callable[[int], None] | None = None
+                ) -> list[concurrent.futures.Future]:
         with self._start_lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._worker, name="paravt-hf", daemon=True)
@@ -500,7 +541,7 @@ class HFBackend:
         futures = []
         for r in requests:
             f: concurrent.futures.Future = concurrent.futures.Future()
-            self._queue.put(_Job(r, f))
+            self._queue.put(_Job(r, f, on_token=on_token))
             futures.append(f)
         return futures
 
@@ -513,6 +554,35 @@ class HFBackend:
             for f in futures:
                 f.cancel()
             raise
+
+    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[str | Completion]:
+        """One request's text as it is decoded (a piece per decode step, for `paravt serve`'s
+        stream=true), then its Completion. The pieces are the completion's text as the steps made it
+        (a piece that ends inside a UTF-8 character waits for the rest); `Completion.text` is the
+        authority (it drops the token that ended the turn and cuts at a stop string), so a consumer
+        sends what it has not sent of it at the end. Closing the iterator drops the row, as a
+        cancelled `generate` does."""
+        loop = asyncio.get_running_loop()
+        tokens: asyncio.Queue[int | None] = asyncio.Queue()
+
+        def on_token(t: int) -> None:  # worker thread: hand the token to the event loop
+            try:
+                loop.call_soon_threadsafe(tokens.put_nowait, t)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                pass
+
+        future = asyncio.wrap_future(self._submit([request], on_token=on_token)[0])
+        # queued after every token: the worker reports a token before it resolves the row
+        future.add_done_callback(lambda _: tokens.put_nowait(None))
+        text = IncrementalText(self.renderer.tok)
+        try:
+            while (t := await tokens.get()) is not None:
+                piece = text.push(t)
+                if piece:
+                    yield piece
+            yield await future
+        finally:
+            future.cancel()
 
     def generate_sync(self, requests: list[GenerateRequest]) -> list[Completion]:
         """The same without an event loop (scripts, trainer): blocks until all are done."""

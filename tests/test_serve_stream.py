@@ -1,0 +1,310 @@
+"""`stream: true` on paravt serve: OpenAI's server-sent events, checked with the official openai
+client against a real `paravt serve` process and against in-process servers over fakes (what is
+sent while the model still decodes, stop strings held back, errors, a client that leaves, a
+weight-update abort). All servers bind 127.0.0.1."""
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+from test_openai_backend import FakeBackend, Server, free_port
+
+from paravt.backends.base import BackendError, Completion, RequestRejected
+from paravt.backends.openai import image_data_url
+from paravt.serve import create_app
+
+CHAT = "/v1/chat/completions"
+
+
+def ask(text: str = "What is shown?", **extra) -> dict:
+    return {"messages": [{"role": "user", "content": text}], **extra}
+
+
+def events(response: httpx.Response) -> list:
+    """The JSON payloads of an SSE response, "[DONE]" as is."""
+    out = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def content(chunks: list) -> list[str]:
+    return [c["choices"][0]["delta"]["content"] for c in chunks
+            if isinstance(c, dict) and c.get("choices") and c["choices"][0]["delta"].get("content")]
+
+
+class StreamingFake:
+    """Streams scripted pieces, then a Completion. `hold` (a threading.Event) makes it wait after the
+    first piece until the client says it has received that piece; `fail` raises after the first piece;
+    `sleep_s` sleeps after it (recording a cancellation)."""
+
+    name = "stream-fake"
+
+    def __init__(self, pieces: list[str], final: str, hold: threading.Event | None = None,
+                 fail: Exception | None = None, sleep_s: float = 0.0, reject: bool = False):
+        self.pieces, self.final, self.hold, self.fail, self.sleep_s = pieces, final, hold, fail, sleep_s
+        self.reject = reject
+        self.held_ok: bool | None = None
+        self.cancelled_at: float | None = None
+        self.seen = []
+
+    def completion(self) -> Completion:
+        return Completion(text=self.final, finish_reason="stop", prompt_tokens=5, completion_tokens=len(self.pieces))
+
+    async def generate(self, reqs):
+        self.seen += reqs
+        return [self.completion()]
+
+    async def generate_stream(self, req):
+        self.seen.append(req)
+        if self.reject:
+            raise RequestRejected("the prompt is at least 99 tokens, over the limit of 10 tokens for the prompt")
+        for i, piece in enumerate(self.pieces):
+            yield piece
+            if i == 0 and self.hold is not None:
+                self.held_ok = await asyncio.to_thread(self.hold.wait, 10)
+            if i == 0 and self.fail is not None:
+                raise self.fail
+            if i == 0 and self.sleep_s:
+                try:
+                    await asyncio.sleep(self.sleep_s)
+                except asyncio.CancelledError:
+                    self.cancelled_at = time.perf_counter()
+                    raise
+        yield self.completion()
+
+    async def aclose(self) -> None:
+        pass
+
+
+# ------------------------------------------------------------------------------------------
+# the real server and the official client
+
+
+@pytest.mark.slow
+def test_openai_client_streams_what_paravt_serve_answers_plainly():
+    """`paravt serve` with no --model (the shipped trained tiny model) as its own process: for greedy,
+    seeded and stop-string requests, the streamed chunks join to the plain response's message, with
+    the same finish_reason and usage, over several chunks (one per decode step)."""
+    import openai
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "PARAVT_MODEL"}
+    env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "paravt", "serve", "--port", str(port)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 90
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode()
+            assert time.time() < deadline, "paravt serve did not come up"
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        assert [m.id for m in client.models.list().data] == ["tiny-paravt"]
+        frame = np.zeros((64, 64, 3), np.uint8)
+        frame[16:48, 16:48] = (255, 0, 0)
+        messages = [{"role": "user", "content": [
+            {"type": "text", "text": "<0.0 seconds>"}, {"type": "image_url", "image_url": {"url": image_data_url(frame)}},
+            {"type": "text", "text": "What colour was the square?"}]}]
+        greedy = dict(model="tiny-paravt", messages=messages, max_tokens=24, temperature=0)
+        plain = client.chat.completions.create(**greedy)
+        text = plain.choices[0].message.content
+        assert len(text) > 8
+        stop = text[len(text) // 2: len(text) // 2 + 3]
+        for kw in (greedy, dict(greedy, temperature=1.0, seed=7), dict(greedy, stop=[stop])):
+            want = plain if kw is greedy else client.chat.completions.create(**kw)
+            chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+            assert all(c.object == "chat.completion.chunk" and c.model == "tiny-paravt" for c in chunks)
+            assert len({c.id for c in chunks}) == 1
+            assert chunks[0].choices[0].delta.role == "assistant"
+            pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+            assert "".join(pieces) == want.choices[0].message.content, kw
+            assert len(pieces) > 1  # decoded step by step, not one block at the end
+            finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+            assert finishes == [want.choices[0].finish_reason]
+            assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == want.usage.completion_tokens
+            assert chunks[-1].usage.prompt_tokens == want.usage.prompt_tokens
+        assert stop not in "".join(pieces)
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_hf_backend_streams_pieces_that_join_to_its_completion(tiny_dir):
+    from paravt.backends.base import GenerateRequest, Message
+    from paravt.backends.hf import HFBackend
+    from paravt.models import load_model
+
+    backend = HFBackend(*load_model(str(tiny_dir), device="cpu"))
+    req = GenerateRequest([Message("user", "What is shown?")], max_new_tokens=12, temperature=1.0, seed=3)
+
+    async def collect():
+        return [item async for item in backend.generate_stream(req)]
+
+    items = asyncio.run(collect())
+    *pieces, final = items
+    assert isinstance(final, Completion) and all(isinstance(p, str) for p in pieces)
+    assert final.text.startswith("".join(pieces)) and len(pieces) >= final.completion_tokens - 2
+    assert final.text == backend.generate_sync([req])[0].text
+
+
+def test_incremental_text_waits_for_whole_characters(tiny_dir):
+    from paravt.backends.hf import IncrementalText
+    from paravt.models import load_model
+
+    _, processor = load_model(str(tiny_dir), device="cpu")
+    tok = processor.tokenizer
+    text = "héllo wörld 😀 ümlaut <tool_call>\n{\"a\": 1}</tool_call> 東京"
+    ids = tok.encode(text, add_special_tokens=False)
+    inc = IncrementalText(tok)
+    pieces = [inc.push(t) for t in ids]
+    assert "".join(pieces) == tok.decode(ids, skip_special_tokens=False)
+    assert not any("\ufffd" in p for p in pieces)
+
+
+# ------------------------------------------------------------------------------------------
+# in-process servers over fakes
+
+
+def test_chunks_are_sent_while_the_model_still_decodes():
+    """The client gets the first piece while the backend waits for it to say so: nothing is buffered."""
+    hold = threading.Event()
+    b = StreamingFake(["Hel", "lo", " world"], "Hello world", hold=hold)
+    with Server(create_app(b, "m")) as s, httpx.stream("POST", s.url + CHAT, json=ask(stream=True), timeout=20) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        got = []
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                got.append(json.loads(line[6:]))
+                if content(got) == ["Hel"]:
+                    hold.set()
+    assert b.held_ok is True
+    assert "".join(content(got)) == "Hello world"
+    assert got[-1]["choices"][0]["finish_reason"] == "stop" and got[-1]["choices"][0]["delta"] == {}
+
+
+def test_the_openai_client_reads_the_stream_and_usage():
+    import openai
+
+    b = StreamingFake(["a", "b", "c"], "abc")
+    with Server(create_app(b, "m")) as s:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
+        chunks = list(client.chat.completions.create(model="m", messages=ask()["messages"], stream=True,
+                                                     stream_options={"include_usage": True}))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "abc"
+        assert all(c.usage is None for c in chunks[:-1]) and chunks[-1].usage.total_tokens == 8
+        chunks = list(client.chat.completions.create(model="m", messages=ask()["messages"], stream=True))
+        assert all(c.usage is None and c.choices for c in chunks)  # no usage chunk unless asked
+
+
+@pytest.mark.parametrize("pieces,final,stop", [
+    (["Hello </", "ans", "wer> more"], "Hello ", ["</answer>"]),
+    (["a <", "b> c"], "a <b> c", ["</answer>"]),  # a false alarm is sent once it is known to be one
+    (["x<", "/", "answer>"], "x", ["</answer>", "STOP"]),
+    (["done", "."], "done.", []),
+])
+def test_a_stop_string_is_never_streamed(pieces, final, stop):
+    b = StreamingFake(pieces, final)
+    with Server(create_app(b, "m")) as s, httpx.stream("POST", s.url + CHAT, json=ask(stream=True, stop=stop)) as r:
+        got = events(r)
+    assert "".join(content(got)) == final and got[-1] == "[DONE]"
+
+
+def test_stream_text_never_sends_past_a_stop_string():
+    from paravt.serve import StreamText
+
+    t = StreamText(["</answer>"])
+    assert [t.push(p) for p in ["The answer is <", "/ans", "wer>", " tail"]] == ["The ans", "wer ", "is ", ""]
+    assert t.finish("The answer is ") == ""
+    t = StreamText(["ab"])
+    assert [t.push(p) for p in ["xa", "c", "a"]] == ["x", "a", "c"] and t.finish("xaca") == "a"
+    t = StreamText([])
+    assert [t.push(p) for p in ["a", "b"]] == ["a", "b"] and t.finish("ab") == ""
+
+
+def test_a_backend_that_cannot_stream_sends_its_text_at_the_end():
+    b = FakeBackend()
+    with Server(create_app(b, "m")) as s:
+        plain = httpx.post(s.url + CHAT, json=ask()).json()
+        with httpx.stream("POST", s.url + CHAT, json=ask(stream=True)) as r:
+            got = events(r)
+    assert content(got) == [plain["choices"][0]["message"]["content"]]
+    assert got[-2]["choices"][0]["finish_reason"] == plain["choices"][0]["finish_reason"] and got[-1] == "[DONE]"
+
+
+def test_an_error_before_the_first_token_is_plain_json():
+    for b in (StreamingFake([], "", reject=True), FakeBackend()):
+        if isinstance(b, FakeBackend):
+            b.fail_next = 1
+        with Server(create_app(b, "m")) as s:
+            r = httpx.post(s.url + CHAT, json=ask(stream=True))
+        want = 400 if isinstance(b, StreamingFake) else 500
+        assert r.status_code == want and r.headers["content-type"] == "application/json", r.text
+        assert ("over the limit" if want == 400 else "transient failure") in r.json()["error"]["message"]
+
+
+def test_an_error_after_the_first_token_is_an_error_event():
+    import openai
+
+    b = StreamingFake(["partial", "never"], "", fail=BackendError("the model ran out of memory"))
+    with Server(create_app(b, "m")) as s:
+        with httpx.stream("POST", s.url + CHAT, json=ask(stream=True)) as r:
+            got = events(r)
+        assert content(got) == ["partial"] and got[-1] == "[DONE]"
+        assert got[-2]["error"]["code"] == 500 and "ran out of memory" in got[-2]["error"]["message"]
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.APIError, match="ran out of memory"):
+            list(client.chat.completions.create(model="m", messages=ask()["messages"], stream=True))
+
+
+def test_a_client_that_leaves_mid_stream_cancels_the_generation():
+    b = StreamingFake(["first", "second"], "firstsecond", sleep_s=30)
+    url = image_data_url(np.zeros((8, 8, 3), np.uint8))
+    body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}],
+            "stream": True}
+    with Server(create_app(b, "m", max_inflight_pixels=64, pixel_wait_s=0.5)) as s:
+        with httpx.stream("POST", s.url + CHAT, json=body, timeout=10) as r:
+            for line in r.iter_lines():
+                if "first" in line:
+                    break
+        left = time.perf_counter()
+        while b.cancelled_at is None and time.perf_counter() - left < 5:
+            time.sleep(0.02)
+        assert b.cancelled_at is not None and b.cancelled_at - left < 2
+        b.sleep_s = 0
+        time.sleep(0.1)
+        # its pixels came back: a request with the same image fits the budget again
+        with httpx.stream("POST", s.url + CHAT, json=body, timeout=10) as r:
+            assert r.status_code == 200 and "".join(content(events(r))) == "firstsecond"
+
+
+def test_a_weight_update_abort_ends_a_stream_with_an_error_event():
+    b = StreamingFake(["first", "second"], "firstsecond", sleep_s=30)
+    with Server(create_app(b, "m", rl_api=True)) as s:
+        with httpx.stream("POST", s.url + CHAT, json=ask(stream=True), timeout=10) as r:
+            got = []
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    got.append(line[6:] if line[6:] == "[DONE]" else json.loads(line[6:]))
+                    if content(got) == ["first"]:
+                        assert httpx.post(s.url + "/pause?mode=abort", timeout=5).json() == {"status": "paused"}
+        assert got[-1] == "[DONE]" and got[-2]["error"]["code"] == 503 and b.cancelled_at is not None
+        assert httpx.get(s.url + "/is_paused").json() == {"is_paused": True}
+        httpx.post(s.url + "/resume")
+        b.sleep_s = 0
+        with httpx.stream("POST", s.url + CHAT, json=ask(stream=True), timeout=10) as r:
+            assert "".join(content(events(r))) == "firstsecond"
