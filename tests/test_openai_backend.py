@@ -9,15 +9,11 @@ import time
 import numpy as np
 import pytest
 
+from servetools import free_port
+
 from paravt.backends.base import Backend, BackendError, Completion, GenerateRequest, ImagePart, Message, TextPart
 from paravt.backends.openai import OpenAIBackend, image_data_url
 from paravt.serve import create_app, decode_image
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class FakeBackend:

@@ -3,18 +3,15 @@ the tiny model served in-process and as a `paravt serve` process with a whole ep
 
 import asyncio
 import base64
-import io
 import json
-import os
 import socket
-import subprocess
-import sys
 import time
 
 import httpx
 import numpy as np
 import pytest
-from test_openai_backend import FakeBackend, Server, free_port
+from servetools import paravt_server
+from test_openai_backend import FakeBackend, Server
 
 from paravt.backends.base import BackendError, GenerateRequest, ImagePart, Message, TextPart
 from paravt.backends.openai import OpenAIBackend, image_data_url
@@ -271,21 +268,7 @@ def test_paravt_serve_process_runs_a_whole_episode(tiny_dir, tmp_path):
     from paravt.agent import EpisodeConfig, run_episode_sync
 
     video = make_test_video(tmp_path / "v.mp4", seconds=30, fps=2)
-    port = free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "paravt", "serve", "--model", str(tiny_dir), "--port", str(port),
-                             "--api-key", "secret"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 90
-        while True:
-            assert proc.poll() is None, proc.stdout.read().decode()
-            assert time.time() < deadline, "paravt serve did not come up"
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
+    with paravt_server("serve", "--model", str(tiny_dir), "--api-key", "secret") as (url, proc):
         be = OpenAIBackend(url, api_key="secret", timeout_s=60)
         cfg = EpisodeConfig(frames=4, max_new_tokens=12, sub_max_new_tokens=8, max_turns=2)
         ep = run_episode_sync(be, video, "What is shown?", cfg)
@@ -300,7 +283,4 @@ def test_paravt_serve_process_runs_a_whole_episode(tiny_dir, tmp_path):
         with pytest.raises(BackendError, match="unreachable after 2 tries"):
             run_episode_sync(be2, video, "What is shown?", cfg)
         assert time.time() - t < 10
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+

@@ -6,15 +6,14 @@ weight-update abort). All servers bind 127.0.0.1."""
 import asyncio
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 
 import httpx
 import numpy as np
 import pytest
-from test_openai_backend import FakeBackend, Server, free_port
+from servetools import paravt_server
+from test_openai_backend import FakeBackend, Server
 
 from paravt.backends.base import BackendError, Completion, RequestRejected
 from paravt.backends.openai import image_data_url
@@ -97,22 +96,8 @@ def test_openai_client_streams_what_paravt_serve_answers_plainly():
     the same finish_reason and usage, over several chunks (one per decode step)."""
     import openai
 
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "PARAVT_MODEL"}
-    env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "paravt", "serve", "--port", str(port)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 90
-        while True:
-            assert proc.poll() is None, proc.stdout.read().decode()
-            assert time.time() < deadline, "paravt serve did not come up"
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
+    env = {k: v for k, v in os.environ.items() if k != "PARAVT_MODEL"} | {"OMP_NUM_THREADS": "1"}
+    with paravt_server("serve", env=env) as (url, proc):
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
         assert [m.id for m in client.models.list().data] == ["tiny-paravt"]
         frame = np.zeros((64, 64, 3), np.uint8)
@@ -139,9 +124,7 @@ def test_openai_client_streams_what_paravt_serve_answers_plainly():
             assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == want.usage.completion_tokens
             assert chunks[-1].usage.prompt_tokens == want.usage.prompt_tokens
         assert stop not in "".join(pieces)
-    finally:
-        proc.kill()
-        proc.wait(10)
+
 
 
 def test_hf_backend_streams_pieces_that_join_to_its_completion(tiny_dir):
