@@ -363,6 +363,59 @@ def test_episode_round_trips_through_json(video):
     assert back.turns[0].generation.messages is None and ep.turns[0].generation.messages is not None
 
 
+def test_eval_rows_load_back(video, tmp_path):
+    """An eval row (token ids dropped) and a whole results.jsonl line load back as an Episode,
+    with the prompt text of every model call; before, from_dict raised TypeError (missing ids)."""
+    from paravt.eval.benchmarks import Sample
+    from paravt.eval.runner import sample_row
+    from paravt.rewards import RewardConfig
+
+    b = ScriptedBackend([calls((0, 10), (20, 30)), ANSWER], sub=sub_echo)
+    ep = run(b, video)
+    s = Sample(id="s1", bench="synthvt", video_path=str(video), question=QUESTION, answer="B", question_type="mcq",
+               options=["A. square", "B. circle"])
+    row = json.loads(json.dumps(sample_row(s, ep, None, 1.0, RewardConfig())))
+    assert "token_ids" not in json.dumps(row["episode"])  # the eval drops them
+    for d in (row["episode"], row):
+        back = Episode.from_dict(d)
+        assert back.answer == "B" and back.config == ep.config and back.main_texts() == ep.main_texts()
+        assert [(c.start, c.end, c.response) for c in back.subcalls()] == [(c.start, c.end, c.response)
+                                                                           for c in ep.subcalls()]
+        assert back.turns[0].generation.token_ids is None and back.turns[0].generation.messages is None
+    g = back.turns[1].generation
+    assert [m["role"] for m in g.prompt] == ["system", "user", "assistant", "user"]  # the whole second-turn input
+    assert "[image " in g.prompt[1]["content"] and "Which shape was red?" in g.prompt[1]["content"]
+    sub = back.turns[0].calls[0].generation.prompt[0]["content"]
+    assert sub.count("[image ") == len(back.turns[0].calls[0].frame_times)
+    assert f"[image {back.turns[0].calls[0].frame_times[0]:.1f} s]" in sub
+    assert back.to_dict(tokens=False) == json.loads(json.dumps(ep.to_dict(tokens=False)))
+    with pytest.raises(ValueError, match="no episode trace"):
+        Episode.from_dict({"id": "s2", "episode": None, "error": "VideoError: gone"})
+
+
+def test_ask_json_no_tokens(video, tmp_path, monkeypatch):
+    """`ask --json --no-tokens`: the trace without token ids or logprobs, prompt text kept,
+    and it loads back; without the flag the ids are there."""
+    from typer.testing import CliRunner
+
+    import paravt.ask as ask_mod
+    from paravt.cli import app
+
+    monkeypatch.setattr(ask_mod, "make_backend",
+                        lambda *a, **k: ScriptedBackend([calls((0, 10)), ANSWER], sub=sub_echo))
+    for flag, has_ids in (["--no-tokens"], False), ([], True):
+        trace = tmp_path / f"t{has_ids}.json"
+        r = CliRunner().invoke(app, ["ask", str(video), QUESTION, "--frames", "4", "--json", str(trace), *flag])
+        assert r.exit_code == 0, r.output
+        text = trace.read_text()
+        for key in ("prompt_ids", "token_ids", "logprobs", "assistant_ids"):
+            assert (f'"{key}"' in text) == has_ids, key
+        d = json.loads(text)
+        assert d["turns"][0]["generation"]["prompt"][1]["content"].count("[image ") == 4
+        ep = Episode.from_dict(d)
+        assert ep.answer == "B" and ep.turns[0].calls[0].start == 0 and ep.turns[0].calls[0].end == 10
+
+
 def test_missing_video_is_a_clear_error(tmp_path):
     with pytest.raises(VideoError, match="no such file"):
         run(ScriptedBackend([ANSWER]), tmp_path / "nope.mp4")

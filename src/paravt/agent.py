@@ -119,14 +119,48 @@ class ModelCall:
     n_images: int = 0
     served_by: str | None = None  # the server that generated it, when one did
     messages: list[Message] | None = None  # in memory only: the exact input, images included
+    # The input as text ({role, content}, images as "[image 12.5 s]"): what a trace shows of
+    # `messages`. Computed from `messages` by to_dict; a call loaded from JSON keeps it here, and
+    # leaves `messages` None, so it is never mistaken for a trainable input (train.sequences).
+    prompt: list[dict] | None = None
 
-    def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "messages"}
+    def prompt_text(self) -> list[dict] | None:
+        """The input messages as text, or None when neither they nor their text are known."""
+        return prompt_text(self.messages) if self.messages is not None else self.prompt
+
+    def to_dict(self, tokens: bool = True) -> dict:
+        """JSON-ready; `tokens=False` leaves out the token ids and logprobs (large, and only
+        trainers and token-exact checks read them)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("messages", "prompt")}
+        d["prompt"] = self.prompt_text()
+        if not tokens:
+            for k in TOKEN_FIELDS:
+                d.pop(k, None)
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelCall":
-        return cls(**{k: v for k, v in d.items() if k != "messages"})
+        """A call from `to_dict`'s output, with or without its token ids (eval rows drop them);
+        keys this version does not know are ignored, so traces of later versions still load."""
+        known = {f.name for f in fields(cls)} - {"messages"}
+        kw = {k: v for k, v in d.items() if k in known}
+        for k in TOKEN_FIELDS:
+            kw.setdefault(k, None)
+        return cls(**kw)
+
+
+TOKEN_FIELDS = ("prompt_ids", "token_ids", "logprobs", "assistant_ids")  # what `to_dict(tokens=False)` drops
+
+
+def image_placeholder(part: ImagePart) -> str:
+    """How a trace's prompt text shows a frame: where it is in the video, not its pixels."""
+    return "[image]" if part.timestamp is None else f"[image {float(part.timestamp):.1f} s]"
+
+
+def prompt_text(messages: list[Message]) -> list[dict]:
+    """Messages as {role, content} text, each image replaced by its placeholder where it stood."""
+    return [{"role": m.role, "content": "".join(p.text if isinstance(p, TextPart) else image_placeholder(p)
+                                                for p in m.parts())} for m in messages]
 
 
 @dataclass
@@ -208,8 +242,10 @@ class Episode:
     def n_problems(self) -> int:
         return sum(len(t.parsed.get("problems", [])) for t in self.turns)
 
-    def to_dict(self) -> dict:
-        return {
+    def to_dict(self, tokens: bool = True) -> dict:
+        """The whole trace, JSON-ready: every model call with its prompt text. `tokens=False`
+        leaves out every call's token ids and logprobs (`paravt ask --json --no-tokens`)."""
+        d = {
             "video": self.video, "question": self.question, "question_type": self.question_type,
             "config": asdict(self.config), "duration": self.duration, "overview_times": self.overview_times,
             "turns": [t.to_dict() for t in self.turns], "answer": self.answer,
@@ -217,10 +253,24 @@ class Episode:
             "wall_time": self.wall_time, "error": self.error, "main_visual_tokens": self.main_visual_tokens,
             "main_prompt_tokens_final": self.main_prompt_tokens_final, "substituted_frames": self.substituted_frames,
         }
+        if not tokens:
+            for t in d["turns"]:
+                for g in [t["generation"]] + [c["generation"] for c in t["calls"] if c.get("generation")]:
+                    for k in TOKEN_FIELDS:
+                        g.pop(k, None)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Episode":
-        d = dict(d)
+        """An episode from `to_dict`'s output, from an eval row's trace (no token ids), or from a
+        whole results.jsonl row (its "episode"), so that any trace paravt wrote loads back.
+        Raises ValueError for a row that has no trace (a sample that failed before its episode)."""
+        if "turns" not in d and "episode" in d:
+            if not d["episode"]:
+                raise ValueError(f"eval row {d.get('id')!r} has no episode trace (error: {d.get('error')})")
+            d = d["episode"]
+        known = {f.name for f in fields(cls)}
+        d = {k: v for k, v in d.items() if k in known}
         d["config"] = EpisodeConfig.from_dict(d["config"])
         d["turns"] = [MainTurn.from_dict(t) for t in d["turns"]]
         return cls(**d)

@@ -128,10 +128,11 @@ def question_type_of(question: str, question_type: str = "auto") -> str:
 
 def ask(video: str, question: str, *, model: str | None, config: EpisodeConfig, question_type: str = "auto",
         json_path: str | None = None, timeline_path: str | None = None, api_key: str | None = None,
-        subtitles: str | None = None, console: Console | None = None, backend=None) -> Episode:
+        subtitles: str | None = None, console: Console | None = None, backend=None, tokens: bool = True) -> Episode:
     """Run one episode, print it live, optionally write its JSON trace and timeline picture.
     The video is opened first so that a bad file fails before a model is loaded. `backend`
-    replaces the one `model` names (tests, embedding)."""
+    replaces the one `model` names (tests, embedding). `tokens=False` writes the trace without
+    token ids and logprobs (the form eval rows take; a fraction of the size)."""
     from paravt.video import VideoReader
 
     console = console or Console()
@@ -166,7 +167,7 @@ def ask(video: str, question: str, *, model: str | None, config: EpisodeConfig, 
                       "trace lists them under substituted_frames[/yellow]")
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(ep.to_dict(), indent=1))
+        Path(json_path).write_text(json.dumps(ep.to_dict(tokens=tokens), indent=1))
         console.print(f"[dim]trace written to {json_path}[/dim]")
     if timeline_path:
         from paravt.timeline import draw_timeline

@@ -77,7 +77,9 @@ def ask(
                                       "oe) | mcq | tvg (answer 'start - end' seconds) | oe (open-ended)."),
     temperature: float = typer.Option(0.0, help="Sampling temperature (0: greedy, as the paper's evaluation)."),
     max_new_tokens: int = typer.Option(2048, help="New tokens per main-agent turn."),
-    json_out: str = typer.Option(None, "--json", help="Write the full episode trace here."),
+    json_out: str = typer.Option(None, "--json", help="Write the full episode trace here (prompt text included)."),
+    no_tokens: bool = typer.Option(False, "--no-tokens", help="Leave token ids and logprobs out of the --json trace "
+                                   "(as eval rows do)."),
     timeline: str = typer.Option(None, help="Draw the episode timeline to this PNG."),
     api_key: str = typer.Option(None, envvar="PARAVT_API_KEY", help="Bearer key for a served model."),
     prompts: str = typer.Option("paravt", help="Prompt profile: paravt | official (the layout ParaVT-8B was trained "
@@ -96,7 +98,7 @@ def ask(
                             temperature=temperature, max_new_tokens=max_new_tokens, prompts=prompts,
                             model_timeout_s=timeout)
         run_ask(video, question, model=model, config=cfg, question_type=question_type, json_path=json_out,
-                timeline_path=timeline, api_key=api_key)
+                timeline_path=timeline, api_key=api_key, tokens=not no_tokens)
     except (VideoError, ModelLoadError, BackendError, ValueError, OSError) as e:
         typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None

@@ -2,7 +2,7 @@
 
     paravt eval --bench NAME --data DIR --out DIR [--model PATH_OR_URL] [--endpoints URL,URL] ...
     paravt eval run --bench NAME ...          (the same, spelled as a subcommand)
-    paravt eval report RUN_DIR RUN_DIR ...    (runs side by side: table, Markdown, bar plot)
+    paravt eval report RUN_DIR RUN_DIR ...    (runs side by side: table, Markdown, bar plot, HTML report)
     paravt eval list                          (the benchmarks and what each reads)
 
 Only typer is imported at module level so `paravt --help` stays fast.
@@ -197,19 +197,36 @@ def eval_report(
     runs: list[str] = typer.Argument(..., help="Run directories to compare."),
     plot: str = typer.Option(None, help="Also draw a bar plot (PNG) of score and tool calls per run here."),
     md: str = typer.Option(None, help="Also write the comparison as Markdown here."),
+    html: str = typer.Option(None, help="Also write an HTML report here (its scripts and thumbnails go in a "
+                                        "<name>_files folder beside it; opens from disk, offline): every sample, "
+                                        "sortable and filterable, each with what the model did."),
+    videos: list[str] = typer.Option(None, help="Where the runs' videos are now, if they moved since the eval "
+                                                "(repeatable; for the HTML report's thumbnails)."),
+    thumbs: int = typer.Option(16, help="Overview thumbnails per episode in the HTML report (0: none)."),
 ) -> None:
-    """Compare eval runs side by side (e.g. the four dispatch modes)."""
+    """Compare eval runs side by side (e.g. the four dispatch modes); --html for a page of every sample."""
     from rich.console import Console
 
     from paravt.eval.report import ReportError, compare
 
+    console = Console()
     try:
         tables, _ = compare(runs, plot=plot, md=md)
+        for t in tables:
+            console.print(t)
+        made = None
+        if html:
+            from paravt.report import build_report
+
+            made = build_report(runs, html, videos=videos, max_thumbs=max(0, thumbs), progress=True)
     except ReportError as e:
         _fail(str(e))
-    for t in tables:
-        Console().print(t)
+    for note in (made or {}).get("notes", []):
+        console.print(note, style="yellow", markup=False, highlight=False, soft_wrap=True)
     written = [f"plot: {plot}"] * bool(plot) + [f"markdown: {md}"] * bool(md)
+    if made:
+        written.append(f"html: {made['html']} ({made['samples']} samples, {made['thumbnails']} thumbnails in "
+                       f"{made['assets']})")
     if written:
         typer.echo("  ".join(written))
 
