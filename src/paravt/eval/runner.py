@@ -39,7 +39,6 @@ from paravt.video import VideoError
 
 RESULTS = "results.jsonl"
 MANIFEST = "manifest.json"
-_ID_FIELDS = ("prompt_ids", "token_ids", "logprobs", "assistant_ids")
 
 
 class ManifestMismatch(RuntimeError):
@@ -267,18 +266,6 @@ class _Pool:
         self.busy[i] -= 1
 
 
-def _trace(ep: Episode, keep_ids: bool) -> dict:
-    d = ep.to_dict()
-    if keep_ids:
-        return d
-    gens = [t["generation"] for t in d["turns"]] + [c["generation"] for t in d["turns"] for c in t["calls"]
-                                                      if c.get("generation")]
-    for g in gens:
-        for k in _ID_FIELDS:
-            g.pop(k, None)
-    return d
-
-
 def sample_row(s: Sample, ep: Episode | None, error: str | None, latency_s: float, reward_cfg: RewardConfig,
                keep_ids: bool = False, backend: int = 0) -> dict:
     """The results.jsonl line of one sample."""
@@ -289,7 +276,7 @@ def sample_row(s: Sample, ep: Episode | None, error: str | None, latency_s: floa
     if ep is None or error is not None:
         row.update(prediction=ep.answer if ep else None, parsed=None, score=0.0, n_calls=0, n_executed=0,
                    n_problems=0, n_turns=len(ep.turns) if ep else 0, error=error, latency_s=latency_s,
-                   episode=_trace(ep, keep_ids) if ep else None)
+                   episode=ep.to_dict(tokens=keep_ids) if ep else None)
         return row
     gens = [t.generation for t in ep.turns]
     subs = [c.generation for c in ep.subcalls() if c.generation]
@@ -304,7 +291,7 @@ def sample_row(s: Sample, ep: Episode | None, error: str | None, latency_s: floa
         prompt_tokens=sum(g.prompt_tokens for g in gens + subs),
         completion_tokens=sum(g.completion_tokens for g in gens + subs),
         sub_completion_tokens=sum(g.completion_tokens for g in subs),
-        episode=_trace(ep, keep_ids),
+        episode=ep.to_dict(tokens=keep_ids),
     )
     return row
 
