@@ -139,6 +139,31 @@ def serve(
         raise typer.Exit(2) from None
 
 
+@app.command("app")
+def app_cmd(
+    host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default)."),
+    port: int = typer.Option(8080),
+    media_root: str = typer.Option(None, help="A folder whose videos the page may pick (nothing outside it is "
+                                   "opened); without it, videos are uploaded."),
+    max_upload_mb: float = typer.Option(512, help="Largest upload in MB (more: 413)."),
+    api_key: str = typer.Option(None, envvar="PARAVT_API_KEY", help="Require this bearer key on /api/ (the page "
+                                "has a key field; or open it as /#key=KEY)."),
+    model: str = typer.Option(None, help="The model the page uses when its model field is empty: a checkpoint dir "
+                              "or an http(s) URL (default: $PARAVT_MODEL, else the shipped tiny model)."),
+    frames: int = typer.Option(64, help="The page's default overview K."),
+    max_episodes: int = typer.Option(2, help="Episodes running at once (more: 503)."),
+) -> None:
+    """A local web page: pick a video, ask, and watch the parallel episode unfold (the report's episode view)."""
+    from paravt.app import serve_app
+
+    try:
+        serve_app(host=host, port=port, media_root=media_root, max_upload_mb=max_upload_mb, api_key=api_key,
+                  model=model, frames=frames, max_episodes=max_episodes)
+    except ValueError as e:
+        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+
+
 def _int_pair(text: str, flag: str) -> tuple[int, int]:
     try:
         lo, hi = (int(x) for x in text.split(","))
