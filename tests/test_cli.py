@@ -21,7 +21,7 @@ def synth_video(tmp_path_factory):
 def test_help_lists_commands():
     r = runner.invoke(app, ["--help"])
     assert r.exit_code == 0
-    for cmd in ("ask", "demo", "serve", "synth"):
+    for cmd in ("ask", "demo", "serve", "app", "synth", "eval", "train"):
         assert cmd in r.output
 
 
