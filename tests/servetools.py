@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 
@@ -21,20 +22,26 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def paravt_server(*args: str, env: dict[str, str] | None = None, ready: str = "/health",
-                  timeout_s: float = 90.0) -> Iterator[tuple[str, subprocess.Popen]]:
-    """`python -m paravt ARGS --port P` until GET `ready` answers 200; yields (base URL, process)
-    and kills the process afterwards (if the test has not ended it)."""
+def paravt_server(*args: str, env: dict[str, str] | None = None, ready: str = "/health", cwd: Path | None = None,
+                  log: Path | None = None, timeout_s: float = 90.0) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`python -m paravt ARGS --port P` until GET `ready` answers 200; yields (base URL, process).
+    Afterwards the process is asked to stop (SIGTERM: a server cleans up, e.g. the app's uploads)
+    and killed if it has not within 20 s. Its output goes to `log` when given."""
     port = free_port()
     env = {**(os.environ if env is None else env), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "paravt", *args, "--port", str(port)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out = open(log, "w") if log else subprocess.PIPE
+    proc = subprocess.Popen([sys.executable, "-m", "paravt", *args, "--port", str(port)], env=env, cwd=cwd,
+                            stdout=out, stderr=subprocess.STDOUT)
+
+    def output() -> str:
+        return Path(log).read_text() if log else proc.stdout.read().decode()
+
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.time() + timeout_s
         while True:
-            assert proc.poll() is None, proc.stdout.read().decode()
-            assert time.time() < deadline, f"paravt {args[0]} did not come up"
+            assert proc.poll() is None, output()
+            assert time.time() < deadline, f"paravt {args[0]} did not come up: {output() if log else ''}"
             try:
                 if httpx.get(url + ready, timeout=1).status_code == 200:
                     break
@@ -43,5 +50,11 @@ def paravt_server(*args: str, env: dict[str, str] | None = None, ready: str = "/
         yield url, proc
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        if log:
+            out.close()

@@ -11,23 +11,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from servetools import free_port, paravt_server
 
 from paravt.agent import Episode
 from paravt.app import AppError, AppSettings, create_app, resolve_media
 from paravt.backends.scripted import ScriptedBackend
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
 WINDOWS = [(0, 10), (10, 20), (20, 30)]
 
 
@@ -253,24 +248,6 @@ def test_a_model_that_cannot_load_is_an_error_event(tmp_path, video):
 # ---------------------------------------------------------------------------------------------- the real page
 
 
-@pytest.fixture(scope="module")
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no chromium at {CHROMIUM} (apt-get install chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed "
-                                                                 "(pip install -e '.[test]')")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 KEY = "test-key-123"
 
 
@@ -278,34 +255,12 @@ KEY = "test-key-123"
 def app_server(tmp_path_factory):
     """`paravt app` as a user starts it (the shipped model, an API key), on a free loopback port."""
     work = tmp_path_factory.mktemp("app")
-    port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("PARAVT_MODEL", "PARAVT_API_KEY")}
     (work / "tmp").mkdir()
-    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TMPDIR=str(work / "tmp"))  # where its uploads go
-    log = open(work / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "paravt", "app", "--port", str(port), "--api-key", KEY,
-                             "--max-upload-mb", "1", "--frames", "16"], cwd=work, env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            if proc.poll() is not None:
-                raise AssertionError((work / "server.log").read_text())
-            try:
-                if httpx.get(url + "/", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        else:
-            raise AssertionError("paravt app did not start: " + (work / "server.log").read_text())
+    env.update(OMP_NUM_THREADS="1", TMPDIR=str(work / "tmp"))  # where its uploads go
+    with paravt_server("app", "--api-key", KEY, "--max-upload-mb", "1", "--frames", "16", env=env, ready="/",
+                       cwd=work, log=work / "server.log") as (url, _):
         yield url, work
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
     assert list((work / "tmp").glob("paravt-app-*")) == []  # the uploads went with the app
 
 

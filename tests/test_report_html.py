@@ -20,9 +20,6 @@ from paravt import DEFAULT_MODEL
 from paravt.eval.report import wilson_interval
 from paravt.report.html import embed_json
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
 N = 8
 
 
@@ -105,18 +102,6 @@ def evidence_of(split: Path) -> dict[str, list]:
     from paravt.data import load_rl_rows
 
     return {s.id: s.extra["evidence"] for s in load_rl_rows(split / "rl.parquet")}
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no chromium at {CHROMIUM} (apt-get install chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed "
-                                                                 "(pip install -e '.[test]')")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 def open_page(browser, url: str, width: int = 1400):

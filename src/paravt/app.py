@@ -57,7 +57,6 @@ import base64
 import hmac
 import io
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -70,6 +69,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from paravt.backends.base import Backend
+from paravt.report.html import finite
 
 VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".ts", ".flv", ".wmv")
 ASSETS = ("app.html", "app.js", "app.css", "episode.js", "episode.css")  # in paravt/report/assets
@@ -240,20 +240,9 @@ class Models:
 # ---------------------------------------------------------------------------------------------- events
 
 
-def _finite(x: Any) -> Any:
-    """NaN and infinities as null: the browser's JSON.parse rejects the NaN json.dumps writes."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    return x
-
-
 def sse(name: str, payload: Any) -> bytes:
     """One Server-Sent Event. json.dumps escapes newlines, so the data is a single line."""
-    return f"event: {name}\ndata: {json.dumps(_finite(payload), ensure_ascii=False, default=str)}\n\n".encode()
+    return f"event: {name}\ndata: {json.dumps(finite(payload), ensure_ascii=False, default=str)}\n\n".encode()
 
 
 def overview_thumbnails(path: Path, times: list[float], limit: int = THUMBS) -> list[dict]:

@@ -46,14 +46,15 @@ def assets_dir(html: Path) -> Path:
     return html.with_name(html.stem + "_files")
 
 
-def _finite(x):
-    """NaN and infinities as null: JSON.parse rejects the NaN that json.dumps writes."""
+def finite(x):
+    """NaN and infinities as null: a browser's JSON.parse rejects the NaN that json.dumps writes (the
+    report's embedded data and the app's events alike)."""
     if isinstance(x, float):
         return x if math.isfinite(x) else None
     if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
+        return {k: finite(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
+        return [finite(v) for v in x]
     return x
 
 
@@ -61,7 +62,7 @@ def embed_json(data) -> str:
     """JSON that is safe inside <script type="application/json">: a model's text may contain
     `</script>` or `<!--`, which would end or corrupt the element, so every <, > and & is written
     as its \\u escape (the same string to JSON.parse); U+2028/2029 too, for older parsers."""
-    text = json.dumps(_finite(data), ensure_ascii=False, separators=(",", ":"))
+    text = json.dumps(finite(data), ensure_ascii=False, separators=(",", ":"))
     for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"),
                     ("\u2029", "\\u2029")):
         text = text.replace(ch, esc)
