@@ -222,7 +222,11 @@ class Engine:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
     def close(self) -> None:
+        """Leave the process group together: a process that tears its gloo group down while another
+        is still finishing (rank 0 saving) was seen to abort at exit ("terminate called without an
+        active exception", SIGABRT), failing a finished run under torchrun."""
         if self.distributed and self._owns_group:
+            torch.distributed.barrier()
             torch.distributed.destroy_process_group()
 
     _owns_group: bool = False
