@@ -118,6 +118,7 @@ class ModelCall:
     image_times: list[float]
     n_images: int = 0
     served_by: str | None = None  # the server that generated it, when one did
+    weight_version: str | None = None  # the policy version that generated it (asynchronous RL), when known
     messages: list[Message] | None = None  # in memory only: the exact input, images included
     # The input as text ({role, content}, images as "[image 12.5 s]"): what a trace shows of
     # `messages`. Computed from `messages` by to_dict; a call loaded from JSON keeps it here, and
@@ -374,7 +375,7 @@ def _record(c: Completion, prefix: str, started: float, finished: float, message
         visual_tokens=c.visual_tokens, completion_tokens=c.completion_tokens, prompt_ids=c.prompt_ids,
         token_ids=c.token_ids, logprobs=c.logprobs, assistant_ids=c.assistant_ids, started=started,
         finished=finished, image_times=[float(p.timestamp) for p in images if p.timestamp is not None],
-        n_images=len(images), served_by=c.served_by, messages=messages,
+        n_images=len(images), served_by=c.served_by, weight_version=c.weight_version, messages=messages,
     )
 
 

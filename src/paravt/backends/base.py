@@ -112,6 +112,7 @@ class Completion:
     assistant_ids: list[int] | None = None  # prefix ids + token_ids: what goes into Message.token_ids next turn
     error: str | None = None
     served_by: str | None = None  # the server that answered (openai backend): its weight version is the rollout's
+    weight_version: str | None = None  # the policy version that generated it (rollouts on servers: train.rollout)
 
 
 @runtime_checkable

@@ -27,6 +27,12 @@ What goes over the wire, and why:
   The turn is rebuilt so that `protocol.parse` sees what the model wrote: exactly, from the
   logprobs' token bytes when present, else from the fields (think, `</think>`, content, then
   each call as a Hermes block).
+- Weight versions (asynchronous RL, `gate=`): every request enters the gate of the server it goes
+  to, which records the weight version the server holds; a server being synced or restarted is
+  closed, and requests wait for an open one. A generation the server cut for a weight update
+  (`paravt serve`'s 503 "aborted for a weight update", vLLM's `finish_reason: "abort"`), or lost with
+  a server the gate says is down, is sent again once a server is open, without using up a retry, so
+  every completion comes from one version and `Completion.weight_version` names it.
 - Deadlines: `timeout_s` bounds one request from its first byte sent to its answer, retries and
   the model lookup included (a server that accepts connections and never answers, or trickles
   one byte at a time, fails within it, with a clear error).
@@ -137,6 +143,10 @@ class _Retryable(Exception):
         self.wait_s = wait_s
 
 
+class _Cut(Exception):
+    """The server cut the generation for a weight update, or went down under it: send it again."""
+
+
 @dataclass
 class _LoopState:
     """Things bound to one event loop (an httpx client and asyncio primitives cannot cross loops;
@@ -157,7 +167,7 @@ class OpenAIBackend:
     def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None, concurrency: int = 8,
                  timeout_s: float = 600.0, max_retries: int = 4, endpoints: list[str] | None = None, *,
                  backoff_s: float = 0.5, logprobs: bool = True, image_format: str = "png",
-                 server_extensions: bool = True):
+                 server_extensions: bool = True, gate=None):
         urls = list(endpoints) if endpoints else [base_url]
         if not urls or not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls):
             raise BackendError(f"server URLs must start with http:// or https://, got {urls!r}")
@@ -180,6 +190,12 @@ class OpenAIBackend:
         self._state: _LoopState | None = None
         self.image_cache = _UrlCache()
         self.requests_sent: dict[str, int] = {u: 0 for u in self.endpoints}  # observable: load per endpoint
+        self.gate = gate  # train.rollout.ServerGate: weight versions, servers closed for a sync or restart
+        self.resent = 0  # generations cut by a weight update or a server's death and sent again
+
+    def forget_model(self, url: str) -> None:
+        """Look the served model id of `url` up again (a server started again may serve another name)."""
+        self._models.pop(self._v1(url), None)
 
     @staticmethod
     def _v1(url: str) -> str:
@@ -198,9 +214,10 @@ class OpenAIBackend:
                                      asyncio.Lock(), {u: 0 for u in self.endpoints})
         return self._state
 
-    def _pick(self, st: _LoopState, avoid: str | None) -> str:
+    def _pick(self, st: _LoopState, avoid: str | None, among: list[str] | None = None) -> str:
         """Least busy endpoint, ties round-robin; `avoid` (the one that just failed) only if it is the only one."""
-        candidates = [u for u in self.endpoints if u != avoid] or self.endpoints
+        among = among or self.endpoints
+        candidates = [u for u in among if u != avoid] or among
         start = next(self._rr) % len(candidates)
         rotated = candidates[start:] + candidates[:start]
         return min(rotated, key=lambda u: st.inflight[u])
@@ -268,6 +285,8 @@ class OpenAIBackend:
         body = await self._body(req)
         tried: list[str] = []
         async with st.sem:  # waiting for a free slot does not count against the deadline
+            if self.gate is not None:  # waits for syncs and restarts: each HTTP call keeps its own timeout
+                return await self._gated_attempts(st, body, req.prefix, tried)
             try:
                 return await asyncio.wait_for(self._attempts(st, body, req.prefix, tried), self.timeout_s)
             except asyncio.TimeoutError:
@@ -294,6 +313,46 @@ class OpenAIBackend:
                 await asyncio.sleep(max(wait, self.backoff_s * (2**attempt) * (0.5 + random.random())))
         where = " and ".join(dict.fromkeys(u.removesuffix("/v1") for u in tried))
         raise BackendError(f"server at {where} unreachable after {len(tried)} tries (last: {last})")
+
+    async def _gated_attempts(self, st: _LoopState, body: dict, prefix: str, tried: list[str]) -> Completion:
+        """`_attempts` through the weight gate: on an open server, tagged with its version; a cut
+        generation goes again (it is not a failure), other failures count against max_retries."""
+        gate, failures, last, failed = self.gate, 0, "", None
+        while True:
+            open_ = [u for u in self.endpoints if gate.is_open(u.removesuffix("/v1"))]
+            if not open_:
+                await gate.wait_open()
+                continue
+            url = self._pick(st, failed, open_)
+            base = url.removesuffix("/v1")
+            tried.append(url)
+            version, epoch = await gate.enter(base)
+            st.inflight[url] += 1
+            self.requests_sent[url] += 1
+            try:
+                body["model"] = await self._model_for(st, url)
+                data = await self._call(st, "POST", url + "/chat/completions", body)
+                c = _completion(data, prefix, url)
+                if c.finish_reason == "abort":  # vLLM: cut by POST /pause?mode=abort
+                    raise _Cut()
+                c.weight_version = version
+                return c
+            except _Cut:
+                self.resent += 1
+                continue
+            except _Retryable as e:
+                if gate.epoch(base) != epoch or await gate.down(base) or "weight update" in str(e):
+                    self.resent += 1  # paused, synced or restarted under it
+                    continue
+                failures += 1
+                last, failed = str(e), url
+                if failures > self.max_retries:
+                    where = " and ".join(dict.fromkeys(u.removesuffix("/v1") for u in tried))
+                    raise BackendError(f"server at {where} unreachable after {len(tried)} tries (last: {last})") from None
+                await asyncio.sleep(max(e.wait_s, self.backoff_s * (2 ** (failures - 1)) * (0.5 + random.random())))
+            finally:
+                st.inflight[url] -= 1
+                gate.leave(base)
 
     async def generate(self, requests: list[GenerateRequest]) -> list[Completion]:
         return list(await asyncio.gather(*[self._one(r) for r in requests]))

@@ -77,6 +77,7 @@ class GRPOConfig:
     adv_eps: float = 1e-5
     adv_norm: str = "token"  # token: over the batch's trained tokens (recipe) | episode: over its episodes | group
     clip_eps: float = 0.2
+    behave_weight_cap: float = 5.0  # asynchronous rollouts: tokens with π_prox/π_behave above this get no gradient
     kl_coef: float = 0.01  # 0 -> no reference model
     kl_mode: str = "reward"  # reward: k1 in the per-token reward, clamped (recipe) | loss: k3 in the loss
     kl_clamp: float = 10.0  # |log π_old − log π_ref| per token in the KL reward
@@ -123,6 +124,8 @@ class GRPOConfig:
         if self.fixed_k > MAX_FRAMES:
             raise ValueError(f"fixed_k must be <= {MAX_FRAMES}, got {self.fixed_k}")
         check_finite(self)
+        if not self.behave_weight_cap > 1:
+            raise ValueError(f"behave_weight_cap must be > 1, got {self.behave_weight_cap}")
         if not (self.lr > 0 and self.grad_clip > 0 and self.clip_eps > 0 and self.adv_eps > 0 and self.kl_clamp > 0):
             raise ValueError("lr, grad_clip, clip_eps, adv_eps and kl_clamp must be > 0")
         if self.kl_coef < 0 or self.weight_decay < 0 or self.warmup_steps < 0 or self.keep_checkpoints < 0:
@@ -240,16 +243,32 @@ def normalize_tokens(seqs: list[TrainSequence], eps: float, all_sum: Callable[[f
 
 def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
              n_tokens: int, clip_eps: float = 0.2, ref_logp: torch.Tensor | None = None,
-             kl_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+             kl_coef: float = 0.0, prox_logp: torch.Tensor | None = None,
+             behave_cap: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Token-level PPO-clip surrogate + kl_coef·k3 KL to the reference, summed over trained tokens
-    and divided by `n_tokens` (the trained tokens of the whole minibatch: token-mean)."""
-    ratio = torch.exp(logp - old_logp)
+    and divided by `n_tokens` (the trained tokens of the whole minibatch: token-mean).
+
+    With `prox_logp` (asynchronous rollouts) it is the decoupled PPO objective the recipe trains with
+    (AReaL's `use_decoupled_loss`): the trust region is around the proximal policy π_prox, the weights
+    just before this update, and the behaviour policy that sampled the tokens (up to max_staleness
+    versions older) enters as the constant importance weight π_prox/π_behave:
+        w · max(−A·r, −A·clip(r, 1 ± ε)),  r = π_θ/π_prox,  w = π_prox/π_behave.
+    Tokens whose w exceeds `behave_cap` get no gradient (counted in `behave_masked`); they stay in
+    the token-mean's denominator, as in the recipe."""
+    trust = old_logp if prox_logp is None else prox_logp
+    ratio = torch.exp(logp - trust)
     pg1 = -advantages * ratio
     pg2 = -advantages * torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps)
     pg = torch.maximum(pg1, pg2)
+    stats = {"clipped": ((pg2 > pg1).float() * mask).sum().detach(), "ratio": (ratio * mask).sum().detach()}
+    if prox_logp is not None:
+        weight = torch.exp(prox_logp - old_logp).detach()
+        keep = mask * (weight <= behave_cap).float() if behave_cap is not None else mask
+        pg = pg * weight * keep
+        stats["behave_masked"] = (mask - keep).sum().detach()
+        stats["behave_weight"] = (weight * keep).sum().detach()
+    stats["pg"] = (pg * mask).sum().detach()
     per_token = pg
-    stats = {"pg": (pg * mask).sum().detach(), "clipped": ((pg2 > pg1).float() * mask).sum().detach(),
-             "ratio": (ratio * mask).sum().detach()}
     if ref_logp is not None and kl_coef > 0:
         d = ref_logp - logp
         kl = torch.exp(d) - d - 1  # k3: unbiased, non-negative estimate of KL(π || π_ref)
@@ -277,10 +296,20 @@ async def run_rollouts(backend, jobs: list[Job], episode_cfg: EpisodeConfig, tem
                        top_p: float = 1.0) -> list["Episode | BaseException"]:
     """Every job's episode, all launched at once so the backend batches them. A failed episode
     comes back as its exception (the caller drops that prompt's group)."""
+    readers: dict[str, Any] = {}
+    try:
+        return await play_jobs(backend, readers, jobs, episode_cfg, temperature, top_p)
+    finally:
+        await backend.aclose()
+        for r in readers.values():
+            r.close()
+
+
+async def play_jobs(backend, readers: dict[str, Any], jobs: list[Job], episode_cfg: EpisodeConfig,
+                    temperature: float, top_p: float = 1.0) -> list["Episode | BaseException"]:
+    """The jobs' episodes through `run_episode`, concurrently, with video readers kept in `readers`."""
     from paravt.agent import run_episode
     from paravt.video import VideoReader
-
-    readers: dict[str, Any] = {}
 
     async def one(job: Job):
         path = job.sample.video
@@ -292,12 +321,7 @@ async def run_rollouts(backend, jobs: list[Job], episode_cfg: EpisodeConfig, tem
                                  question_type=job.sample.question_type,
                                  subtitles=subs if isinstance(subs, str) else None, system=job.sample.system)
 
-    try:
-        return list(await asyncio.gather(*[one(j) for j in jobs], return_exceptions=True))
-    finally:
-        await backend.aclose()
-        for r in readers.values():
-            r.close()
+    return list(await asyncio.gather(*[one(j) for j in jobs], return_exceptions=True))
 
 
 def episode_record(ep: "Episode", job: Job, breakdown, step: int) -> dict:
@@ -313,7 +337,12 @@ def episode_record(ep: "Episode", job: Job, breakdown, step: int) -> dict:
         "gen_tokens": sum(t.generation.completion_tokens for t in ep.turns)
         + sum(c.generation.completion_tokens for c in ep.subcalls() if c.generation),
         "main_texts": ep.main_texts(),
+        "versions": sorted({int(c.weight_version) for c in _calls(ep) if c.weight_version is not None}),
     }
+
+
+def _calls(ep: "Episode") -> list:
+    return [t.generation for t in ep.turns] + [c.generation for c in ep.subcalls() if c.generation]
 
 
 def rollout_metrics(records: list[dict], k_choices: list[int]) -> dict[str, float]:
@@ -443,14 +472,21 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend, reward_fn=None) -> dict:
         run.step = restore_optimizer(out, opt, sched, engine=engine, model=model)
         run.load(load_state_of(out))
         console.print(f"[dim]resuming from {resumed_from} at step {run.step}[/dim]")
-    servers = None
+    servers = producer = None
     if cfg.rollout.engine == "servers":
         if make_backend is not None:
             raise ConfigError("make_backend serves in-process rollouts; rollout.engine servers uses the servers")
+        if cfg.rollout.max_staleness > 0 and engine.world > 1:
+            raise ConfigError("rollout.max_staleness > 0 runs in one trainer process for now; use max_staleness 0 "
+                              "under torchrun")
         servers = _start_servers(cfg, engine, source, out)
         sync_s = _sync(engine, servers, model, processor, out, run.step)  # the policy as it starts (fresh or resumed)
         console.print(f"[dim]rollouts on {len(servers.urls)} server(s): {', '.join(servers.urls)} "
                       f"(weights synced in {sync_s:.1f} s)[/dim]")
+        if cfg.rollout.max_staleness > 0:
+            producer = _start_producer(cfg, samples, servers, run.step)
+            console.print(f"[dim]asynchronous rollouts: up to {cfg.rollout.max_staleness} versions behind the "
+                          "policy, decoupled PPO[/dim]")
     else:
         backend = (make_backend or HFBackend)(base, processor, max_batch=cfg.rollout_batch)
 
@@ -471,8 +507,13 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend, reward_fn=None) -> dict:
             # rollouts (policy in eval mode, whole weights under FSDP; the backend decodes without grad)
             base.eval()
             t0 = time.perf_counter()
-            if servers is not None:
-                gather_s = 0.0
+            gather_s = 0.0
+            busy0 = producer.busy() if producer is not None else 0.0
+            if producer is not None:  # finished groups, at most max_staleness versions old
+                groups, failed = producer.take(step)
+                jobs = [j for g in groups for j in g.jobs]
+                results = [r for g in groups for r in g.results]
+            elif servers is not None:
                 results = asyncio.run(run_rollouts(servers.backend(), jobs, cfg.episode, cfg.temperature, cfg.top_p))
                 _check_served(results, servers, step)
             else:
@@ -481,6 +522,8 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend, reward_fn=None) -> dict:
             rollout_s = time.perf_counter() - t0
 
             kept, dropped = _score_groups(cfg, jobs, results, reward_fn)
+            if producer is not None:
+                dropped += failed
             for d in dropped:
                 console.print(f"[yellow]step {step + 1}: dropped a group ({d})[/yellow]")
             seqs, records, drift = _build_sequences(cfg, engine, renderer, kept, step)
@@ -490,6 +533,9 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend, reward_fn=None) -> dict:
             if not engine.all_max(len(seqs)):
                 why = f" (first: {dropped[0]})" if dropped else ""
                 raise RuntimeError(f"step {step + 1}: no trainable sequences: every group was dropped{why}")
+            if producer is not None:  # decoupled PPO's proximal policy: the weights about to be updated
+                reference_logprobs(engine, model, base, renderer, seqs, cfg.micro_batch_size, cfg.temperature,
+                                   into="prox_logprobs")
             kl_stats = _advantages(cfg, engine, ref, base, renderer, seqs)
 
             base.train()
@@ -499,7 +545,7 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend, reward_fn=None) -> dict:
             update_s = time.perf_counter() - t1
             run.step = step = step + 1
             run.nonfinite_streak = run.nonfinite_streak + 1 if upd["skipped_updates"] == upd["updates"] else 0
-            sync_s = _sync(engine, servers, model, processor, out, step) if servers is not None else 0.0
+            sync_s = _sync(engine, servers, model, processor, out, step, producer) if servers is not None else 0.0
 
             all_records = engine.gather(records)
             n_gen = sum(r["gen_tokens"] for r in all_records)
@@ -511,7 +557,15 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend, reward_fn=None) -> dict:
                        "gen_tokens": n_gen, "rollout_tokens_per_s": n_gen / max(rollout_s, 1e-9),
                        "rollout_s": rollout_s, "update_s": update_s, "gather_s": gather_s, "sync_s": sync_s,
                        "step_time_s": time.perf_counter() - t_step}
-            metrics["sync_share"] = sync_s / max(metrics["step_time_s"], 1e-9)
+            wall = max(metrics["step_time_s"], 1e-9)
+            metrics["sync_share"] = sync_s / wall
+            metrics["update_busy"] = (wall - rollout_s) / wall  # the trainer's share not spent waiting for rollouts
+            metrics["rollout_busy"] = rollout_s / wall
+            if producer is not None:
+                metrics.update(staleness_stats(kept, step - 1, cfg.include_subagents))  # trained at version step − 1
+                metrics["rollout_busy"] = min((producer.busy() - busy0) / wall, 1.0)  # a request in flight
+                metrics.update(stale_groups=producer.stale_groups, resent_calls=producer.resent(),
+                               server_restarts=servers.restarts)
             last = {"step": step, **metrics}
             if engine.main:
                 if rollout_file:
@@ -532,6 +586,8 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend, reward_fn=None) -> dict:
         log.close()
         if rollout_file:
             rollout_file.close()
+        if producer is not None:
+            producer.close()
         if servers is not None:
             servers.close()
         engine.close()
@@ -626,6 +682,16 @@ def _plan_jobs(cfg: GRPOConfig, samples: list["RLSample"], step: int, world: int
     return jobs
 
 
+def _plan_group(cfg: GRPOConfig, samples: list["RLSample"], g: int) -> list[Job]:
+    """Group g of the run (asynchronous rollouts): position g of the prompt schedule, i.e. prompt
+    g mod P of step g div P, with that step's K and seeds, numbered g."""
+    step, j = divmod(g, cfg.prompts_per_step)
+    idx, epoch = prompt_schedule(step, cfg.prompts_per_step, len(samples), cfg.seed)[j]
+    s = samples[idx]
+    k = gate_k(cfg.seed, s.id, epoch, cfg.k_choices) if cfg.gating else cfg.fixed_k
+    return [Job(g, r, s, k, epoch, rollout_seed(cfg.seed, step, s.id, r)) for r in range(cfg.rollouts_per_prompt)]
+
+
 def _score_groups(cfg: GRPOConfig, jobs: list[Job], results: list, reward_fn=None
                   ) -> tuple[list[list[tuple]], list[str]]:
     """Each group's (job, episode, reward breakdown); a group with a failed episode is dropped
@@ -707,9 +773,10 @@ def _advantages(cfg: GRPOConfig, engine, ref, base, renderer, seqs: list[TrainSe
 
 
 def reference_logprobs(engine, ref, base, renderer, seqs: list[TrainSequence], micro_batch_size: int,
-                       temperature: float) -> None:
-    """log π_ref,τ of every sequence's tokens (`TrainSequence.ref_logprobs`), without grad; every
-    process runs the same number of passes (sharded reference: collectives must match)."""
+                       temperature: float, into: str = "ref_logprobs") -> None:
+    """log π_τ of `ref` (the reference, or the policy itself for decoupled PPO's π_prox) at every
+    sequence's tokens, into `TrainSequence.<into>`, without grad; every process runs the same number
+    of passes (sharded models: collectives must match)."""
     from paravt.train.sequences import collate, micro_batches, per_sequence, token_logprobs
 
     groups = micro_batches(seqs, micro_batch_size)
@@ -723,7 +790,7 @@ def reference_logprobs(engine, ref, base, renderer, seqs: list[TrainSequence], m
                 lp, _ = token_logprobs(ref, batch, temperature=temperature, banned=renderer.banned_ids)
             if real:
                 for q, row in zip(group, per_sequence(group, lp.float())):
-                    q.ref_logprobs = row
+                    setattr(q, into, row)
 
 
 def _start_servers(cfg: GRPOConfig, engine, source: str, out: Path):
@@ -735,14 +802,46 @@ def _start_servers(cfg: GRPOConfig, engine, source: str, out: Path):
     return servers or RolloutServers(cfg.rollout, urls)
 
 
-def _sync(engine, servers, model, processor, out: Path, step: int) -> float:
+def _start_producer(cfg: GRPOConfig, samples: list["RLSample"], servers, version: int):
+    """Asynchronous rollouts (train.producer) from group `version`·P of the schedule on."""
+    from paravt.train.producer import RolloutProducer
+
+    return RolloutProducer(
+        servers, cfg.rollout.max_staleness, cfg.prompts_per_step, version,
+        plan_group=lambda g: _plan_group(cfg, samples, g),
+        run_group=lambda backend, readers, jobs: play_jobs(backend, readers, jobs, cfg.episode, cfg.temperature,
+                                                           cfg.top_p))
+
+
+def staleness_stats(kept: list[list[tuple]], version: int, include_subagents: bool) -> dict[str, float]:
+    """How many versions the trained calls lag the policy they update: the largest, and the mean
+    over generated tokens (main turns; sub-agent calls too when they are trained)."""
+    lags, weights = [], []
+    for group in kept:
+        for _, ep, _ in group:
+            calls = [t.generation for t in ep.turns]
+            if include_subagents:
+                calls += [c.generation for c in ep.subcalls() if c.generation]
+            for c in calls:
+                lags.append(version - int(c.weight_version))
+                weights.append(max(c.completion_tokens, 1))
+    if not lags:
+        return {}
+    return {"staleness_max": max(lags), "staleness_mean": sum(a * w for a, w in zip(lags, weights)) / sum(weights)}
+
+
+def _sync(engine, servers, model, processor, out: Path, step: int, producer=None) -> float:
     """The policy's weights to every rollout server, as version `step` (see train.rollout): written
-    by all processes together, loaded by the servers at rank 0's request. Servers that failed are
-    dropped everywhere. Returns the seconds it took."""
+    by all processes together, loaded by the servers at rank 0's request (through the producer,
+    cutting the generations in flight, with asynchronous rollouts). A launched server that died is
+    started again; a given one that failed is dropped everywhere. Returns the seconds it took."""
     from paravt.train.rollout import write_sync_weights
 
     t0 = time.perf_counter()
     weights = write_sync_weights(engine, model, processor, out, str(step))
+    if producer is not None:  # one process (checked at the start)
+        producer.sync(weights, step)
+        return time.perf_counter() - t0
     error = None
     if engine.main:
         try:
@@ -786,7 +885,8 @@ def _update(cfg: GRPOConfig, engine, model, base, ref, renderer, opt, params, se
 
     n_mb = -engine.all_max(-min(cfg.minibatches, len(seqs)))  # every process takes the same optimizer steps
     rng = np.random.default_rng([cfg.seed, step, 7])
-    totals = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "clipped": 0.0, "ratio": 0.0, "entropy": 0.0, "tokens": 0}
+    totals = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "clipped": 0.0, "ratio": 0.0, "entropy": 0.0, "tokens": 0,
+              "behave_masked": 0.0, "behave_weight": 0.0}
     drift = {"sum": 0.0, "tokens": 0}
     grad_norms, skipped = [], 0
     first_pass = True
@@ -802,15 +902,17 @@ def _update(cfg: GRPOConfig, engine, model, base, ref, renderer, opt, params, se
             with torch.no_grad():
                 ref_logp, _ = token_logprobs(ref, batch, temperature=cfg.temperature, banned=renderer.banned_ids)
         loss, stats = ppo_loss(logp, batch.old_logprobs, batch.advantages, batch.mask, 1, cfg.clip_eps, ref_logp,
-                               cfg.kl_coef if kl_in_loss else 0.0)  # summed over the micro-batch's trained tokens
+                               cfg.kl_coef if kl_in_loss else 0.0, prox_logp=batch.prox_logprobs,
+                               behave_cap=cfg.behave_weight_cap)  # summed over the micro-batch's trained tokens
         if real:
-            for k in ("pg", "clipped", "ratio", "kl"):
+            for k in ("pg", "clipped", "ratio", "kl", "behave_masked", "behave_weight"):
                 if k in stats:
                     totals[k] += float(stats[k])
             totals["entropy"] += float((ent * batch.mask).sum())
             totals["tokens"] += batch.n_tokens
-            if first_pass:  # before any update: rollout logprobs vs a fresh forward (numerics only)
-                drift["sum"] += float(((logp.detach() - batch.old_logprobs).abs() * batch.mask).sum())
+            if first_pass:  # before any update: rollout (or proximal) logprobs vs a fresh forward (numerics only)
+                before = batch.old_logprobs if batch.prox_logprobs is None else batch.prox_logprobs
+                drift["sum"] += float(((logp.detach() - before).abs() * batch.mask).sum())
                 drift["tokens"] += batch.n_tokens
         return loss
 
@@ -845,6 +947,9 @@ def _update(cfg: GRPOConfig, engine, model, base, ref, renderer, opt, params, se
            "train_tokens_per_s": engine.all_sum(seen_tokens) / max(time.perf_counter() - t0, 1e-9)}
     if kl_in_loss:
         out["kl"] = totals["kl"] / t
+    if seqs and seqs[0].prox_logprobs is not None:  # decoupled PPO: the behaviour weights π_prox/π_behave
+        out["behave_masked_tokens"] = int(totals["behave_masked"]) // cfg.ppo_epochs
+        out["behave_weight_mean"] = totals["behave_weight"] / max(t - totals["behave_masked"], 1)
     return out
 
 

@@ -15,8 +15,14 @@ training needs from a server, and where it comes from:
   is one write and one read of the model per step. vLLM's NCCL weight transfer (the GPU path,
   /init_weight_transfer_engine then /update_weights) is not built: it needs the trainer and the
   servers on GPUs in one NCCL group.
-- staleness: every episode records the weight version of the server that produced it, and the
-  step refuses episodes of another version than the policy it updates (max_staleness 0).
+- staleness: with `max_staleness` 0 (the default) rollouts and updates take turns, and a step
+  refuses episodes of another version than the policy it updates. With s > 0 a producer
+  (train.producer) keeps the servers busy while the trainer updates: every model call is tagged
+  with the version that generated it (`ServerGate`), a batch trained at version v holds only groups
+  whose every call is at least v − s, and the sync cuts the generations in flight (POST
+  /pause?mode=abort), which are sent again on the new weights, so no call mixes two versions.
+- death: a launched server that dies is started again on the newest synced weights (its requests
+  wait, then run there); servers given as URLs are dropped when they fail.
 
 Servers are either given (URLs of servers a user runs, on this node or another) or started here as
 subprocesses (`launch: paravt` or `launch: vllm`, one per entry of `devices`), and stopped with the
@@ -55,7 +61,7 @@ class RolloutConfig:
     concurrency: int = 16  # requests in flight per server
     timeout_s: float = 600.0  # one model call, retries included
     start_timeout_s: float = 900.0  # a launched server must answer within this
-    max_staleness: int = 0  # versions a rollout's weights may lag the policy (only 0 is supported)
+    max_staleness: int = 0  # s: versions a rollout's weights may lag the policy it trains (0: synchronous steps)
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -64,8 +70,11 @@ class RolloutConfig:
             raise ValueError(f"rollout.launch must be one of {', '.join(LAUNCH)}, got {self.launch!r}")
         if self.engine == "servers" and not self.servers and (self.launch == "none" or not self.devices):
             raise ValueError("rollout.engine servers needs rollout.servers (URLs), or rollout.launch with devices")
-        if self.max_staleness != 0:
-            raise ValueError("rollout.max_staleness: only 0 is supported (the sync happens between steps)")
+        if self.max_staleness < 0:
+            raise ValueError(f"rollout.max_staleness must be >= 0, got {self.max_staleness}")
+        if self.max_staleness > 0 and self.engine != "servers":
+            raise ValueError("rollout.max_staleness > 0 (asynchronous rollouts) needs rollout.engine servers: "
+                             "in-process rollouts share the trainer's weights and run between updates")
         if self.concurrency < 1 or self.timeout_s <= 0:
             raise ValueError("rollout.concurrency must be >= 1 and rollout.timeout_s > 0")
 
@@ -97,10 +106,15 @@ class RolloutServers:
     """The servers one trainer process rolls out on: their URLs, the weight version each holds, and
     the subprocesses started here."""
 
-    def __init__(self, cfg: RolloutConfig, urls: list[str], procs: list[subprocess.Popen] | None = None):
+    def __init__(self, cfg: RolloutConfig, urls: list[str], procs: list[subprocess.Popen] | None = None,
+                 launched: dict[str, dict] | None = None):
         self.cfg = cfg
         self.urls = [u.rstrip("/").removesuffix("/v1") for u in urls]
         self.procs = procs or []
+        self.launched = launched or {}  # url -> how it was started (port, device, log), to start it again
+        self.weights: Path | None = None  # the newest synced weights, and their version
+        self.current: str | None = None
+        self.restarts = 0
         self.version: dict[str, str | None] = {u: None for u in self.urls}
         self.api_key = cfg.api_key or os.environ.get("PARAVT_API_KEY")
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -114,23 +128,15 @@ class RolloutServers:
         """Use the given servers, or launch `cfg.launch` servers on `cfg.devices` serving `model`."""
         if cfg.launch == "none":
             return cls(cfg, list(cfg.servers))
-        procs, urls = [], []
+        procs, urls, launched = [], [], {}
         log_dir.mkdir(parents=True, exist_ok=True)
         try:
             for i, dev in enumerate(cfg.devices):
-                port = _free_port()
-                env = dict(os.environ)
-                if dev != "cpu":
-                    env["CUDA_VISIBLE_DEVICES"] = dev
-                if cfg.launch == "vllm":
-                    env["VLLM_SERVER_DEV_MODE"] = "1"  # the RL endpoints
-                    if dev == "cpu":
-                        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-                log = open(log_dir / f"server_{i}.log", "w")
-                procs.append(subprocess.Popen(launch_command(cfg.launch, model, port, cfg.vllm_python, cfg.server_args, dev),
-                                              stdout=log, stderr=subprocess.STDOUT, env=env))
-                urls.append(f"http://127.0.0.1:{port}")
-            servers = cls(cfg, list(cfg.servers) + urls, procs)
+                how = {"port": _free_port(), "device": dev, "log": log_dir / f"server_{i}.log", "index": i}
+                procs.append(_launch(cfg, model, how))
+                urls.append(f"http://127.0.0.1:{how['port']}")
+                launched[urls[-1]] = how
+            servers = cls(cfg, list(cfg.servers) + urls, procs, launched)
             servers.wait_ready(log_dir)
             return servers
         except BaseException:
@@ -138,12 +144,12 @@ class RolloutServers:
                 p.kill()
             raise
 
-    def wait_ready(self, log_dir: Path) -> None:
+    def wait_ready(self, log_dir: Path, urls: list[str] | None = None) -> None:
         deadline = time.time() + self.cfg.start_timeout_s
-        pending = list(self.urls)
+        pending = list(urls or self.urls)
         while pending:
-            for p in self.procs:
-                if p.poll() is not None:
+            for p in (self.procs if urls is None else [self.proc(u) for u in urls]):
+                if p is not None and p.poll() is not None:
                     raise BackendError(f"a rollout server exited with code {p.returncode}; see {log_dir}/server_*.log")
             for u in list(pending):
                 try:
@@ -156,14 +162,38 @@ class RolloutServers:
             if pending:
                 time.sleep(1)
 
-    def backend(self):
-        """An OpenAI backend over the live servers, asking for token ids and logprobs."""
+    def backend(self, gate: "ServerGate | None" = None):
+        """An OpenAI backend over the live servers, asking for token ids and logprobs (through `gate`
+        for asynchronous rollouts)."""
         from paravt.backends.openai import OpenAIBackend
 
         if not self.urls:
             raise BackendError("no rollout server is left")
         return OpenAIBackend(self.urls[0], endpoints=self.urls, api_key=self.api_key, concurrency=self.cfg.concurrency,
-                             timeout_s=self.cfg.timeout_s, logprobs=True, server_extensions=True)
+                             timeout_s=self.cfg.timeout_s, logprobs=True, server_extensions=True, gate=gate)
+
+    # ---- launched servers that die
+
+    def proc(self, url: str) -> subprocess.Popen | None:
+        how = self.launched.get(url)
+        return self.procs[how["index"]] if how else None
+
+    def dead(self, url: str) -> bool:
+        """Whether `url` is a server started here whose process has exited."""
+        p = self.proc(url)
+        return p is not None and p.poll() is not None
+
+    def relaunch(self, url: str) -> None:
+        """Start the dead server `url` again, on its port and device, serving the newest synced weights
+        (blocking until it answers). The caller then sets its weight version."""
+        how = self.launched[url]
+        print(f"rollout server {url} exited with code {self.proc(url).returncode}: starting it again on the weights "
+              f"of version {self.current} (see {how['log']})", file=sys.stderr)
+        model = str(self.weights) if self.weights is not None else how["model"]
+        self.procs[how["index"]] = _launch(self.cfg, model, how, append=True)
+        self.restarts += 1
+        self.version[url] = None
+        self.wait_ready(Path(how["log"]).parent, [url])
 
     # ---- weight sync
 
@@ -174,6 +204,9 @@ class RolloutServers:
         return r.json() if r.content else {}
 
     def _sync_one(self, url: str, weights: Path, version: str) -> None:
+        if self.dead(url):  # started here and died: start it again on these weights
+            self.weights, self.current = weights, version
+            self.relaunch(url)
         self._post(url, "/pause", params={"mode": "wait"})
         try:
             self._post(url, "/collective_rpc", json={"method": "reload_weights",
@@ -196,6 +229,7 @@ class RolloutServers:
                                         return_exceptions=True)
 
         errors = {u: e for u, e in zip(list(self.urls), asyncio.run(all_servers())) if isinstance(e, BaseException)}
+        self.weights, self.current = weights, version
         for u, e in errors.items():
             print(f"rollout server {u} dropped: weight sync failed ({e})", file=sys.stderr)
             self.urls.remove(u)
@@ -213,6 +247,90 @@ class RolloutServers:
                 p.wait(30)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+def _launch(cfg: RolloutConfig, model: str, how: dict, append: bool = False) -> subprocess.Popen:
+    """One rollout server process (`how`: port, device, log file)."""
+    how.setdefault("model", model)
+    dev = how["device"]
+    env = dict(os.environ)
+    if dev != "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = dev
+    if cfg.launch == "vllm":
+        env["VLLM_SERVER_DEV_MODE"] = "1"  # the RL endpoints
+        if dev == "cpu":
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    with open(how["log"], "a" if append else "w") as log:
+        proc = subprocess.Popen(launch_command(cfg.launch, model, how["port"], cfg.vllm_python, cfg.server_args, dev),
+                                stdout=log, stderr=subprocess.STDOUT, env=env)
+    Path(how["log"]).with_suffix(".pid").write_text(f"{proc.pid}\n")  # for whoever watches (or stops) the run
+    return proc
+
+
+class ServerGate:
+    """The client side of the weight sync for asynchronous rollouts (on the producer's event loop):
+    which servers are open, the weight version each holds, and an epoch per server that a sync or a
+    restart moves on. A call that entered at one epoch and ended at another may have met two
+    versions, so the backend sends it again; a call that ends in its epoch was generated entirely
+    by that epoch's version (the gate opens only after the weights are loaded and the server
+    resumed, and closes before the pause is sent). Also counts the time at least one request was
+    in flight (the rollout side's busy time)."""
+
+    def __init__(self, versions: dict[str, str | None], down=None):
+        self.version = dict(versions)
+        self._epoch = {u: 0 for u in versions}
+        self._open = {u: asyncio.Event() for u in versions}
+        for e in self._open.values():
+            e.set()
+        self._changed = asyncio.Event()
+        self._down = down  # async (url) -> bool: the server died (and is being started again)
+        self.inflight = 0
+        self.busy_s = 0.0
+        self._busy_since: float | None = None
+
+    def is_open(self, url: str) -> bool:
+        return url in self._open and self._open[url].is_set()
+
+    def epoch(self, url: str) -> int:
+        return self._epoch[url]
+
+    async def wait_open(self) -> None:
+        while not any(e.is_set() for e in self._open.values()):
+            self._changed.clear()
+            await self._changed.wait()
+
+    async def enter(self, url: str) -> tuple[str | None, int]:
+        await self._open[url].wait()
+        if self.inflight == 0:
+            self._busy_since = time.perf_counter()
+        self.inflight += 1
+        return self.version[url], self._epoch[url]
+
+    def leave(self, url: str) -> None:
+        self.inflight -= 1
+        if self.inflight == 0 and self._busy_since is not None:
+            self.busy_s += time.perf_counter() - self._busy_since
+            self._busy_since = None
+
+    def busy(self) -> float:
+        """Seconds with a request in flight so far."""
+        return self.busy_s + (time.perf_counter() - self._busy_since if self._busy_since is not None else 0.0)
+
+    def close(self, url: str) -> None:
+        self._open[url].clear()
+        self._epoch[url] += 1
+
+    def reopen(self, url: str, version: str) -> None:
+        self.version[url] = version
+        self._open[url].set()
+        self._changed.set()
+
+    def remove(self, url: str) -> None:
+        """A server that is gone for good: it stays closed."""
+        self.close(url)
+
+    async def down(self, url: str) -> bool:
+        return bool(self._down is not None and await self._down(url))
 
 
 def write_sync_weights(engine, model, processor, out: Path, version: str, keep: int = 2) -> Path | None:

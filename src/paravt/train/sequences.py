@@ -46,6 +46,7 @@ class TrainSequence:
     group: int = -1  # prompt group index in the step
     episode: int = -1  # episode index in the step
     ref_logprobs: list[float] | None = None  # the reference's log π_τ per position (GRPO's KL reward), 0 untrained
+    prox_logprobs: list[float] | None = None  # log π_τ of the weights before the update (decoupled PPO), 0 untrained
 
     def __post_init__(self) -> None:
         n = len(self.ids)
@@ -185,6 +186,7 @@ class Batch:
     old_logprobs: torch.Tensor
     advantages: torch.Tensor
     n_tokens: int
+    prox_logprobs: torch.Tensor | None = None  # decoupled PPO's proximal policy (None: on-policy batch)
 
 
 def collate(base_model, renderer: "Renderer", seqs: list[TrainSequence], device=None) -> Batch:
@@ -216,7 +218,9 @@ def collate(base_model, renderer: "Renderer", seqs: list[TrainSequence], device=
     mask = padded("mask", torch.float32)
     return Batch(inputs=inputs, keep=width - start + 1, targets=inputs["input_ids"][:, start:], mask=mask,
                  old_logprobs=padded("old_logprobs", torch.float32), advantages=padded("advantages", torch.float32),
-                 n_tokens=int(mask.sum().item()))
+                 n_tokens=int(mask.sum().item()),
+                 prox_logprobs=padded("prox_logprobs", torch.float32) if all(s.prox_logprobs is not None for s in seqs)
+                 else None)
 
 
 def token_logprobs(model, batch: Batch, with_entropy: bool = False, temperature: float = 1.0,
