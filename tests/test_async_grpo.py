@@ -44,6 +44,98 @@ def test_decoupled_ppo_loss_by_hand():
     assert on.item() == pytest.approx(ppo_loss(logp.detach(), behave, adv, mask, 3, 0.2, prox_logp=behave)[0].item())
 
 
+class _Call:
+    def __init__(self, version: int):
+        self.generation = self
+        self.weight_version, self.served_by = str(version), "fake"
+
+
+class _Episode:
+    def __init__(self, version: int):
+        self.turns = [_Call(version)]
+
+    def subcalls(self):
+        return []
+
+
+class _Servers:
+    """What the producer needs of RolloutServers, without processes."""
+
+    def __init__(self):
+        from paravt.train.rollout import RolloutConfig
+
+        self.urls, self.version, self.api_key, self.launched, self.restarts = ["http://a"], {"http://a": "0"}, None, {}, 0
+        self.cfg = RolloutConfig()
+
+    def backend(self, gate):
+        class B:
+            resent = 0
+
+            async def aclose(self):
+                pass
+
+        return B()
+
+    def dead(self, url):
+        return False
+
+
+def test_the_producer_keeps_the_recipes_capacity_and_drops_groups_past_the_bound():
+    """accepted + running <= (s + v + 1)·P, whole groups, taken in the order they were submitted (a
+    long group is not overtaken by short ones); a group more than s versions behind the trainer is
+    dropped all the same and its room refilled."""
+    import asyncio
+
+    from paravt.train.producer import RolloutProducer
+
+    release: dict[int, tuple] = {}
+    started: list[int] = []
+
+    async def run_group(backend, readers, jobs):
+        g = jobs[0]
+        started.append(g)
+        ev = asyncio.Event()
+        release[g] = (ev, None)
+        await ev.wait()
+        return [_Episode(release[g][1])]
+
+    p = RolloutProducer(_Servers(), max_staleness=2, per_step=2, version=0, plan_group=lambda i: [i],
+                        run_group=run_group)
+
+    def on_loop(fn):
+        async def call():
+            await asyncio.sleep(0.05)  # let submitted groups start
+            return fn()
+        return p._call(call())
+
+    def finish(groups, version):
+        def go():
+            for g in groups:
+                ev, _ = release[g]
+                release[g] = (ev, version)
+                ev.set()
+        on_loop(go)
+        on_loop(lambda: None)
+
+    try:
+        assert on_loop(lambda: (p.running, sorted(started))) == (6, [0, 1, 2, 3, 4, 5])  # (2 + 0 + 1)·2
+        finish([1, 0, 2], 0)
+        groups, failed = p.take(0)
+        assert [g.index for g in groups] == [0, 1] and not failed  # submission order, not finishing order
+        assert on_loop(lambda: (p.running, p.accepted, len(started))) == (3, 3, 6)  # full: nothing new
+        p.reopen(["http://a"], 1)  # version 1: room for two more groups
+        assert on_loop(lambda: sorted(started)[-2:]) == [6, 7]
+        finish([3, 4, 5, 6, 7], 1)
+        p.reopen(["http://a"], 3)
+        groups, _ = p.take(3)  # group 2 (v0) is 3 versions behind: dropped; 3 and 4 (v1) are within 2
+        assert [g.index for g in groups] == [3, 4] and p.stale_groups == 1
+        assert on_loop(lambda: p.accepted + p.running) == (2 + 3 + 1) * 2  # the dropped group's room refilled
+    finally:
+        for ev, _ in release.values():
+            p.loop.call_soon_threadsafe(ev.set)
+        p.close()
+
+
 def _perturbed(model, seed: int):
     with torch.no_grad():
         g = torch.Generator().manual_seed(seed)
@@ -53,10 +145,11 @@ def _perturbed(model, seed: int):
 
 
 @pytest.mark.slow
-def test_a_sync_mid_generation_loses_nothing_and_mixes_no_versions(mini_split, tmp_path):
+@pytest.mark.parametrize("pause", ["drain", "abort"])
+def test_a_sync_mid_generation_loses_nothing_and_mixes_no_versions(mini_split, tmp_path, pause):
     """The producer runs ahead (s = 1) while the trainer syncs new weights twice: the generations in
-    flight are cut and sent again, every group comes back, and each call's tokens have exactly the
-    logprobs of the weights of the version it carries."""
+    flight end on the old weights first (drain) or are cut and sent again (abort), every group comes
+    back, and each call's tokens have exactly the logprobs of the weights of the version it carries."""
     from paravt.agent import EpisodeConfig
     from paravt.backends.hf import Renderer, sequence_logprobs
     from paravt.models import load_model
@@ -66,7 +159,8 @@ def test_a_sync_mid_generation_loses_nothing_and_mixes_no_versions(mini_split, t
     from paravt.train.rollout import RolloutConfig, RolloutServers, write_sync_weights
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    rc = RolloutConfig(engine="servers", launch="paravt", devices=["cpu"], start_timeout_s=300, max_staleness=1)
+    rc = RolloutConfig(engine="servers", launch="paravt", devices=["cpu"], start_timeout_s=300, max_staleness=1,
+                       sync_pause=pause)
     cfg = GRPOConfig(data=str(mini_split / "rl.parquet"), prompts_per_step=2, rollouts_per_prompt=2, rollout=rc,
                      episode=EpisodeConfig(mode="parallel", max_turns=2, max_new_tokens=40, sub_max_new_tokens=24,
                                            think_prefix=True))
@@ -79,25 +173,26 @@ def test_a_sync_mid_generation_loses_nothing_and_mixes_no_versions(mini_split, t
     try:
         weights[0] = write_sync_weights(engine, model, processor, tmp_path, "0", keep=5)
         servers.sync(weights[0], "0")
-        producer = RolloutProducer(servers, 1, cfg.prompts_per_step, 0, plan_group=lambda g: _plan_group(cfg, samples, g),
+        producer = RolloutProducer(servers, 1, cfg.prompts_per_step, 0, pause=pause,
+                                   plan_group=lambda g: _plan_group(cfg, samples, g),
                                    run_group=lambda b, r, jobs: play_jobs(b, r, jobs, cfg.episode, 1.0))
         taken = []
         for v in (0, 1, 2):
             groups, failed = producer.take(v)
-            assert not failed
+            assert not failed and [g.index for g in groups] == [2 * v, 2 * v + 1]
             assert all(v - g.oldest <= 1 for g in groups)
             taken += groups
             if v < 2:
                 time.sleep(0.3)  # the next groups are generating now
                 weights[v + 1] = write_sync_weights(engine, _perturbed(model, v), processor, tmp_path, str(v + 1), keep=5)
                 producer.sync(weights[v + 1], v + 1)
-        resent = producer.resent()
+        resent, drained = producer.resent(), producer.gate.drained_calls
     finally:
         if producer is not None:
             producer.close()
         servers.close()
-    assert len({g.index for g in taken}) == len(taken) == 6  # in the order they finished
-    assert resent > 0, "no generation was in flight at a sync: the test did not test the cut"
+    # generations were in flight at the syncs: abort cut them (sent again), drain let them end first
+    assert (resent > 0, drained > 0) == ((True, False) if pause == "abort" else (False, True)), (resent, drained)
     versions = sorted({v for g in taken for v in g.versions})
     assert versions[0] == 0 and versions[-1] >= 1
     models = {v: load_model(str(weights[v]), device="cpu")[0] for v in versions}
@@ -119,16 +214,16 @@ def test_a_sync_mid_generation_loses_nothing_and_mixes_no_versions(mini_split, t
 def test_async_grpo_bounds_staleness_survives_a_killed_server_and_resumes(mini_split, tmp_path):
     """`paravt train grpo` with max_staleness 2 on one launched server: its process is killed after the
     first step; the trainer starts it again and the run finishes, then resumes for one more step.
-    Every trained call lies within [v − 2, v] of the version v it updated, and the loss used π_prox
-    (its ratio is 1 at the first minibatch, the fresh forward equals π_prox)."""
+    Every trained call lies within [v − 2, v] of the version v it updated, and the loss used the
+    recomputed π_prox (two minibatches: it equals the fresh forward before the first)."""
     out = tmp_path / "run"
 
     def train(steps: int, kill_after: int | None = None) -> list[dict]:
         opts = dict(model=DEFAULT_MODEL, data=mini_split / "rl.parquet", out=out, steps=steps, prompts_per_step=2,
-                    rollouts_per_prompt=3, **{"episode.max_new_tokens": 40, "rollout.engine": "servers",
+                    rollouts_per_prompt=2, **{"episode.max_new_tokens": 40, "rollout.engine": "servers",
                                               "rollout.launch": "paravt", "rollout.devices": "[cpu]",
                                               "rollout.max_staleness": 2},
-                    device="cpu", threads=1, lr=3e-4, save_every=1)
+                    device="cpu", threads=1, lr=3e-4, save_every=1, minibatches=2)  # π_prox recomputed
         args = [sys.executable, "-m", "paravt", "train", "grpo"] + [x for k, v in opts.items() for x in ("-o", f"{k}={v}")]
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=dict(os.environ, OMP_NUM_THREADS="1"))
@@ -143,20 +238,45 @@ def test_async_grpo_bounds_staleness_survives_a_killed_server_and_resumes(mini_s
         assert proc.returncode == 0, text[-3000:]
         return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
 
-    log = train(4, kill_after=1)
-    assert [r["step"] for r in log] == [1, 2, 3, 4]
+    log = train(3, kill_after=1)
+    assert [r["step"] for r in log] == [1, 2, 3]
     assert max(r["server_restarts"] for r in log) == 1
     for r in log:
         assert 0 <= r["staleness_max"] <= 2 and r["staleness_mean"] <= r["staleness_max"]
-        assert "behave_masked_tokens" in r and r["episodes"] == 6
-        assert abs(r["ratio_mean"] - 1) < 1e-3 and r["logprob_drift"] < 1e-4  # π_θ = π_prox before the update
+        assert "behave_masked_tokens" in r and r["episodes"] == 4
+        assert r["logprob_drift"] < 1e-4 and r["updates"] == 2  # π_prox is the fresh forward before the update
         assert 0 <= r["rollout_busy"] <= 1 and 0 < r["update_busy"] <= 1  # 0: waiting for the restarted server
     assert any(r["staleness_max"] > 0 for r in log), "the producer never ran ahead of the trainer"
     records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     for rec in records:  # trained at version step − 1
         v = rec["step"] - 1
         assert rec["versions"] and v - 2 <= min(rec["versions"]) and max(rec["versions"]) <= v
-    log = train(5)  # resumes at step 4: in-flight rollouts were lost with the process, the producer refills
-    assert [r["step"] for r in log] == [1, 2, 3, 4, 5]
+    log = train(4)  # resumes at step 3: in-flight rollouts were lost with the process, the producer refills
+    assert [r["step"] for r in log] == [1, 2, 3, 4]
     records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
-    assert all(min(r["versions"]) >= 4 for r in records if r["step"] == 5)  # nothing from the first run
+    assert all(min(r["versions"]) >= 3 for r in records if r["step"] == 4)  # nothing from the first run
+
+
+@pytest.mark.slow
+def test_async_grpo_on_two_trainer_processes(mini_split, tmp_path):
+    """`torchrun --nproc_per_node 2` with max_staleness 1: each process's producer rolls out its share
+    of the prompts on the one server rank 0 launched; the syncs close every process's gates before
+    the pause, so the bound holds for both shares."""
+    from tests.test_train_distributed import _run
+
+    out = tmp_path / "run"
+    opts = dict(model=DEFAULT_MODEL, data=mini_split / "rl.parquet", out=out, steps=2, prompts_per_step=2,
+                rollouts_per_prompt=2, **{"episode.max_new_tokens": 32, "rollout.engine": "servers",
+                                          "rollout.launch": "paravt", "rollout.devices": "[cpu]",
+                                          "rollout.max_staleness": 1},
+                engine="fsdp", device="cpu", threads=1, lr=3e-4, save_every=2)
+    _run(["-m", "paravt", "train", "grpo"] + [x for k, v in opts.items() for x in ("-o", f"{k}={v}")], 2, tmp_path)
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2]
+    for r in log:
+        # the servers' logprobs on calls of the weights being updated equal the sharded forward's
+        assert r["episodes"] == 4 and r["staleness_max"] <= 1 and r["logprob_drift"] < 1e-4
+    assert log[0]["logprob_drift_tokens"] > 0
+    records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert sorted({r["group"] % 2 for r in records}) == [0, 1]  # both processes' shares were trained
+    assert all(r["step"] - 2 <= min(r["versions"]) and max(r["versions"]) <= r["step"] - 1 for r in records)

@@ -103,8 +103,9 @@ def test_server_ids_give_the_in_process_sequences(servers, split, tmp_path):
         np.testing.assert_allclose(x.old_logprobs, y.old_logprobs, atol=1e-4)
 
 
-def test_a_dead_server_is_routed_around_then_dropped(servers, tmp_path):
-    """One server dies: requests go to the other, and the next sync drops it (the trainer goes on)."""
+def test_a_dead_server_is_routed_around_then_started_again_and_a_given_one_dropped(servers, tmp_path):
+    """One launched server dies: requests go to the other, and the next sync starts it again on the new
+    weights. A server given by URL that fails the sync is dropped; with none left the sync says so."""
     from paravt.models import load_model
     from paravt.train.engine import init_engine
 
@@ -120,13 +121,14 @@ def test_a_dead_server_is_routed_around_then_dropped(servers, tmp_path):
         model, processor = load_model(str(DEFAULT_MODEL), device="cpu")
         weights = write_sync_weights(init_engine("single", "cpu"), model, processor, tmp_path, "1")
         pair.sync(weights, "1")
-        assert len(pair.urls) == 1
-        pair.procs[0].kill()
-        pair.procs[0].wait()
-        with pytest.raises(Exception, match="no rollout server is left"):
-            pair.sync(weights, "2")
+        assert len(pair.urls) == 2 and pair.restarts == 1 and pair.version == {u: "1" for u in pair.urls}
+        assert int((tmp_path / "logs" / "server_1.pid").read_text()) == pair.procs[1].pid
+        assert served(pair, pair.urls[1]).token_ids  # the started-again server answers
     finally:
         pair.close()
+    given = RolloutServers(RolloutConfig(engine="servers", servers=[pair.urls[0]], start_timeout_s=5), [pair.urls[0]])
+    with pytest.raises(Exception, match="no rollout server is left"):
+        given.sync(weights, "2")
 
 
 def test_grpo_with_two_rollout_servers_trains_and_resumes(split, tmp_path):
@@ -149,6 +151,9 @@ def test_grpo_with_two_rollout_servers_trains_and_resumes(split, tmp_path):
     # step 2 rolled out on the synced weights: the trainer recomputes the servers' logprobs
     assert last["logprob_drift"] < 1e-4 and last["episodes"] == 8 and last["sync_s"] > 0
     assert sorted(p.name for p in (out / "sync").iterdir()) == ["1", "2"]
+    # max_staleness 0 (the default) is the synchronous step: no producer, no version gate, no π_prox
+    assert "staleness_max" not in last and "behave_masked_tokens" not in last and last["rollout_busy"] > 0
+    assert all(json.loads(line)["versions"] == [] for line in (out / "rollouts.jsonl").read_text().splitlines())
 
 
 def test_a_launched_vllm_reports_the_sampling_distributions_logprobs():

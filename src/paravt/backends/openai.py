@@ -31,8 +31,9 @@ What goes over the wire, and why:
   to, which records the weight version the server holds; a server being synced or restarted is
   closed, and requests wait for an open one. A generation the server cut for a weight update
   (`paravt serve`'s 503 "aborted for a weight update", vLLM's `finish_reason: "abort"`), or lost with
-  a server the gate says is down, is sent again once a server is open, without using up a retry, so
-  every completion comes from one version and `Completion.weight_version` names it.
+  a server the gate says is down, is sent again once a server is open, without using up a retry; so
+  is one that ended after a pause that cut generations (it may have met two versions). So every
+  completion comes from one version and `Completion.weight_version` names it.
 - Deadlines: `timeout_s` bounds one request from its first byte sent to its answer, retries and
   the model lookup included (a server that accepts connections and never answers, or trickles
   one byte at a time, fails within it, with a clear error).
@@ -333,7 +334,7 @@ class OpenAIBackend:
                 body["model"] = await self._model_for(st, url)
                 data = await self._call(st, "POST", url + "/chat/completions", body)
                 c = _completion(data, prefix, url)
-                if c.finish_reason == "abort":  # vLLM: cut by POST /pause?mode=abort
+                if c.finish_reason == "abort" or not gate.valid(base, epoch):  # cut (vLLM), or met a sync
                     raise _Cut()
                 c.weight_version = version
                 return c

@@ -472,19 +472,16 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend, reward_fn=None) -> dict:
         run.step = restore_optimizer(out, opt, sched, engine=engine, model=model)
         run.load(load_state_of(out))
         console.print(f"[dim]resuming from {resumed_from} at step {run.step}[/dim]")
-    servers = producer = None
+    servers = producer = backend = None
     if cfg.rollout.engine == "servers":
         if make_backend is not None:
             raise ConfigError("make_backend serves in-process rollouts; rollout.engine servers uses the servers")
-        if cfg.rollout.max_staleness > 0 and engine.world > 1:
-            raise ConfigError("rollout.max_staleness > 0 runs in one trainer process for now; use max_staleness 0 "
-                              "under torchrun")
         servers = _start_servers(cfg, engine, source, out)
         sync_s = _sync(engine, servers, model, processor, out, run.step)  # the policy as it starts (fresh or resumed)
         console.print(f"[dim]rollouts on {len(servers.urls)} server(s): {', '.join(servers.urls)} "
                       f"(weights synced in {sync_s:.1f} s)[/dim]")
         if cfg.rollout.max_staleness > 0:
-            producer = _start_producer(cfg, samples, servers, run.step)
+            producer = _start_producer(cfg, samples, servers, run.step, engine)
             console.print(f"[dim]asynchronous rollouts: up to {cfg.rollout.max_staleness} versions behind the "
                           "policy, decoupled PPO[/dim]")
     else:
@@ -502,28 +499,16 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend, reward_fn=None) -> dict:
         while run.step < cfg.steps:
             t_step = time.perf_counter()
             step = run.step
-            jobs = _plan_jobs(cfg, samples, step, engine.world, engine.rank)
 
             # rollouts (policy in eval mode, whole weights under FSDP; the backend decodes without grad)
             base.eval()
             t0 = time.perf_counter()
-            gather_s = 0.0
             busy0 = producer.busy() if producer is not None else 0.0
-            if producer is not None:  # finished groups, at most max_staleness versions old
-                groups, failed = producer.take(step)
-                jobs = [j for g in groups for j in g.jobs]
-                results = [r for g in groups for r in g.results]
-            elif servers is not None:
-                results = asyncio.run(run_rollouts(servers.backend(), jobs, cfg.episode, cfg.temperature, cfg.top_p))
-                _check_served(results, servers, step)
-            else:
-                with engine.gathered(model) as gather_s:
-                    results = asyncio.run(run_rollouts(backend, jobs, cfg.episode, cfg.temperature, cfg.top_p))
+            jobs, results, failed, gather_s = _rollouts(cfg, engine, model, samples, step, producer, servers, backend)
             rollout_s = time.perf_counter() - t0
 
             kept, dropped = _score_groups(cfg, jobs, results, reward_fn)
-            if producer is not None:
-                dropped += failed
+            dropped += failed
             for d in dropped:
                 console.print(f"[yellow]step {step + 1}: dropped a group ({d})[/yellow]")
             seqs, records, drift = _build_sequences(cfg, engine, renderer, kept, step)
@@ -533,14 +518,17 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend, reward_fn=None) -> dict:
             if not engine.all_max(len(seqs)):
                 why = f" (first: {dropped[0]})" if dropped else ""
                 raise RuntimeError(f"step {step + 1}: no trainable sequences: every group was dropped{why}")
-            if producer is not None:  # decoupled PPO's proximal policy: the weights about to be updated
+            if producer is not None and (cfg.ppo_epochs > 1 or cfg.minibatches > 1):
+                # decoupled PPO's proximal policy, the weights about to be updated, fixed over the
+                # step's optimizer steps (with one, it is the update's own forward: see _update)
                 reference_logprobs(engine, model, base, renderer, seqs, cfg.micro_batch_size, cfg.temperature,
                                    into="prox_logprobs")
             kl_stats = _advantages(cfg, engine, ref, base, renderer, seqs)
 
             base.train()
             t1 = time.perf_counter()
-            upd = {**_update(cfg, engine, model, base, ref, renderer, opt, params, seqs, step), **kl_stats}
+            upd = {**_update(cfg, engine, model, base, ref, renderer, opt, params, seqs, step,
+                             decoupled=producer is not None), **kl_stats}
             sched.step()
             update_s = time.perf_counter() - t1
             run.step = step = step + 1
@@ -562,10 +550,10 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend, reward_fn=None) -> dict:
             metrics["update_busy"] = (wall - rollout_s) / wall  # the trainer's share not spent waiting for rollouts
             metrics["rollout_busy"] = rollout_s / wall
             if producer is not None:
-                metrics.update(staleness_stats(kept, step - 1, cfg.include_subagents))  # trained at version step − 1
-                metrics["rollout_busy"] = min((producer.busy() - busy0) / wall, 1.0)  # a request in flight
-                metrics.update(stale_groups=producer.stale_groups, resent_calls=producer.resent(),
-                               server_restarts=servers.restarts)
+                metrics.update(staleness_stats(kept, step - 1, cfg.include_subagents, engine.gather))  # at version step − 1
+                metrics["rollout_busy"] = min((producer.busy() - busy0) / wall, 1.0)  # this process's requests in flight
+                metrics.update(server_sync_s=producer.server_sync_s, stale_groups=engine.all_sum(producer.stale_groups),
+                               resent_calls=engine.all_sum(producer.resent()), server_restarts=servers.restarts)
             last = {"step": step, **metrics}
             if engine.main:
                 if rollout_file:
@@ -742,6 +730,9 @@ def _build_sequences(cfg: GRPOConfig, engine, renderer, kept: list[list[tuple]],
                 ep, a, renderer, include_subagents=cfg.include_subagents, anchoring=cfg.anchoring,
                 reward_cfg=cfg.reward, strict=cfg.strict_continuation, group=job.group, episode=job.rollout)
             drift += int(drifted)
+            versions = [int(c.weight_version) for c in _calls(ep) if c.weight_version is not None]
+            for q in ep_seqs:
+                q.fresh = not versions or min(versions) == step  # asynchronous: some are older
             seqs += [q for q in ep_seqs if q.n_trained > 0]
             rec = episode_record(ep, job, bd, step + 1)
             rec["advantage"] = a
@@ -802,31 +793,39 @@ def _start_servers(cfg: GRPOConfig, engine, source: str, out: Path):
     return servers or RolloutServers(cfg.rollout, urls)
 
 
-def _start_producer(cfg: GRPOConfig, samples: list["RLSample"], servers, version: int):
-    """Asynchronous rollouts (train.producer) from group `version`·P of the schedule on."""
+def _start_producer(cfg: GRPOConfig, samples: list["RLSample"], servers, version: int, engine):
+    """Asynchronous rollouts (train.producer) from step `version` of the schedule on. Each process
+    has a producer of its own for its share of every step's prompts (positions j ≡ rank mod world, as
+    in the synchronous step); its i-th group is step i div n's position mine[i mod n]."""
     from paravt.train.producer import RolloutProducer
 
+    mine = [j for j in range(cfg.prompts_per_step) if j % engine.world == engine.rank]
+    n = len(mine)
     return RolloutProducer(
-        servers, cfg.rollout.max_staleness, cfg.prompts_per_step, version,
-        plan_group=lambda g: _plan_group(cfg, samples, g),
+        servers, cfg.rollout.max_staleness, n, version,
+        pause=cfg.rollout.sync_pause,
+        plan_group=lambda i: _plan_group(cfg, samples, (i // n) * cfg.prompts_per_step + mine[i % n]),
         run_group=lambda backend, readers, jobs: play_jobs(backend, readers, jobs, cfg.episode, cfg.temperature,
                                                            cfg.top_p))
 
 
-def staleness_stats(kept: list[list[tuple]], version: int, include_subagents: bool) -> dict[str, float]:
+def staleness_stats(kept: list[list[tuple]], version: int, include_subagents: bool,
+                    gather: Callable[[list], list] = list) -> dict[str, float]:
     """How many versions the trained calls lag the policy they update: the largest, and the mean
-    over generated tokens (main turns; sub-agent calls too when they are trained)."""
-    lags, weights = [], []
+    over generated tokens (main turns; sub-agent calls too when they are trained), over the calls
+    of every process (`gather`)."""
+    pairs = []
     for group in kept:
         for _, ep, _ in group:
             calls = [t.generation for t in ep.turns]
             if include_subagents:
                 calls += [c.generation for c in ep.subcalls() if c.generation]
             for c in calls:
-                lags.append(version - int(c.weight_version))
-                weights.append(max(c.completion_tokens, 1))
-    if not lags:
+                pairs.append((version - int(c.weight_version), max(c.completion_tokens, 1)))
+    pairs = gather(pairs)
+    if not pairs:
         return {}
+    lags, weights = [a for a, _ in pairs], [w for _, w in pairs]
     return {"staleness_max": max(lags), "staleness_mean": sum(a * w for a, w in zip(lags, weights)) / sum(weights)}
 
 
@@ -834,18 +833,27 @@ def _sync(engine, servers, model, processor, out: Path, step: int, producer=None
     """The policy's weights to every rollout server, as version `step` (see train.rollout): written
     by all processes together, loaded by the servers at rank 0's request (through the producer,
     cutting the generations in flight, with asynchronous rollouts). A launched server that died is
-    started again; a given one that failed is dropped everywhere. Returns the seconds it took."""
+    started again; a given one that failed is dropped everywhere. With asynchronous rollouts on one
+    process the servers load the weights in the background. Returns the seconds the trainer spent."""
     from paravt.train.rollout import write_sync_weights
 
     t0 = time.perf_counter()
-    weights = write_sync_weights(engine, model, processor, out, str(step))
-    if producer is not None:  # one process (checked at the start)
-        producer.sync(weights, step)
+    if producer is not None and engine.world == 1:
+        # in the background: the trainer goes on with the next step while the servers drain and load
+        producer.wait_sync()  # the previous one (its weights directory must outlive it)
+        producer.request_sync(write_sync_weights(engine, model, processor, out, str(step)), step)
         return time.perf_counter() - t0
+    weights = write_sync_weights(engine, model, processor, out, str(step))
+    if producer is not None:  # every process's calls end and its gates close before rank 0 pauses the servers
+        producer.close_gates()
+        engine.barrier()
     error = None
     if engine.main:
         try:
-            servers.sync(weights, str(step))
+            if producer is not None:
+                producer.sync(weights, step)
+            else:
+                servers.sync(weights, str(step))
         except Exception as e:  # noqa: BLE001 - every process must learn of it, not only rank 0
             error = str(e)
     state = engine.broadcast((error, servers.urls if engine.main else None, servers.version if engine.main else None))
@@ -854,7 +862,27 @@ def _sync(engine, servers, model, processor, out: Path, step: int, producer=None
 
         raise BackendError(f"weight sync of step {step} failed: {state[0]}")
     servers.urls, servers.version = list(state[1]), dict(state[2])
+    if producer is not None and not engine.main:
+        producer.reopen(servers.urls, step)
     return time.perf_counter() - t0
+
+
+def _rollouts(cfg: GRPOConfig, engine, model, samples: list["RLSample"], step: int, producer, servers, backend
+              ) -> tuple[list[Job], list, list[str], float]:
+    """This process's jobs of `step` and their episodes (or exceptions), the groups the producer
+    dropped, and the seconds spent gathering the weights: from the asynchronous producer (finished
+    groups, at most max_staleness versions old), the servers, or the in-process backend."""
+    if producer is not None:
+        groups, failed = producer.take(step)
+        return [j for g in groups for j in g.jobs], [r for g in groups for r in g.results], failed, 0.0
+    jobs = _plan_jobs(cfg, samples, step, engine.world, engine.rank)
+    if servers is not None:
+        results = asyncio.run(run_rollouts(servers.backend(), jobs, cfg.episode, cfg.temperature, cfg.top_p))
+        _check_served(results, servers, step)
+        return jobs, results, [], 0.0
+    with engine.gathered(model) as gather_s:
+        results = asyncio.run(run_rollouts(backend, jobs, cfg.episode, cfg.temperature, cfg.top_p))
+    return jobs, results, [], gather_s
 
 
 def _check_served(results: list, servers, step: int) -> None:
@@ -872,12 +900,14 @@ def _check_served(results: list, servers, step: int) -> None:
 
 
 def _update(cfg: GRPOConfig, engine, model, base, ref, renderer, opt, params, seqs: list[TrainSequence],
-            step: int) -> dict[str, float]:
+            step: int, decoupled: bool = False) -> dict[str, float]:
     """PPO epochs x minibatches of optimizer steps over the step's sequences (this process's share;
     the loss is the token mean over all processes' sequences, see sft.backward_micro_batches).
     Every logprob is log π_τ at the rollouts' temperature. An optimizer step whose loss or gradient
     norm is not finite is skipped (as the recipe's engine does) and counted: applying it would
-    write NaN into every weight."""
+    write NaN into every weight. `decoupled` (asynchronous rollouts): the decoupled PPO loss around
+    π_prox, the sequences' `prox_logprobs`, or, when the step takes a single optimizer step, this
+    forward's own log π_θ detached (the same weights: one pass fewer, the same gradient)."""
     import numpy as np
 
     from paravt.train.sequences import micro_batches, token_logprobs
@@ -901,8 +931,11 @@ def _update(cfg: GRPOConfig, engine, model, base, ref, renderer, opt, params, se
         if kl_in_loss:
             with torch.no_grad():
                 ref_logp, _ = token_logprobs(ref, batch, temperature=cfg.temperature, banned=renderer.banned_ids)
+        prox = batch.prox_logprobs
+        if decoupled and prox is None:
+            prox = logp.detach()
         loss, stats = ppo_loss(logp, batch.old_logprobs, batch.advantages, batch.mask, 1, cfg.clip_eps, ref_logp,
-                               cfg.kl_coef if kl_in_loss else 0.0, prox_logp=batch.prox_logprobs,
+                               cfg.kl_coef if kl_in_loss else 0.0, prox_logp=prox,
                                behave_cap=cfg.behave_weight_cap)  # summed over the micro-batch's trained tokens
         if real:
             for k in ("pg", "clipped", "ratio", "kl", "behave_masked", "behave_weight"):
@@ -910,10 +943,13 @@ def _update(cfg: GRPOConfig, engine, model, base, ref, renderer, opt, params, se
                     totals[k] += float(stats[k])
             totals["entropy"] += float((ent * batch.mask).sum())
             totals["tokens"] += batch.n_tokens
-            if first_pass:  # before any update: rollout (or proximal) logprobs vs a fresh forward (numerics only)
-                before = batch.old_logprobs if batch.prox_logprobs is None else batch.prox_logprobs
-                drift["sum"] += float(((logp.detach() - before).abs() * batch.mask).sum())
-                drift["tokens"] += batch.n_tokens
+            if first_pass:  # before any update: the rollout logprobs of the weights being updated (or the
+                # recomputed π_prox) vs a fresh forward: numerics only
+                before, w = batch.old_logprobs, batch.mask * batch.fresh
+                if batch.prox_logprobs is not None:
+                    before, w = batch.prox_logprobs, batch.mask
+                drift["sum"] += float(((logp.detach() - before).abs() * w).sum())
+                drift["tokens"] += float(w.sum())
         return loss
 
     for _ in range(cfg.ppo_epochs):
@@ -944,10 +980,11 @@ def _update(cfg: GRPOConfig, engine, model, base, ref, renderer, opt, params, se
            "updates": len(grad_norms), "skipped_updates": skipped,
            "trained_tokens": int(totals["tokens"]) // cfg.ppo_epochs,
            "logprob_drift": engine.all_sum(drift["sum"]) / max(engine.all_sum(drift["tokens"]), 1),
+           "logprob_drift_tokens": int(engine.all_sum(drift["tokens"])),
            "train_tokens_per_s": engine.all_sum(seen_tokens) / max(time.perf_counter() - t0, 1e-9)}
     if kl_in_loss:
         out["kl"] = totals["kl"] / t
-    if seqs and seqs[0].prox_logprobs is not None:  # decoupled PPO: the behaviour weights π_prox/π_behave
+    if decoupled:  # the behaviour weights π_prox/π_behave
         out["behave_masked_tokens"] = int(totals["behave_masked"]) // cfg.ppo_epochs
         out["behave_weight_mean"] = totals["behave_weight"] / max(t - totals["behave_masked"], 1)
     return out

@@ -4,19 +4,23 @@ servers busy while the trainer updates, as the recipe runs (AReaL's `max_head_of
 The producer is an event loop on a thread of its own. It submits whole prompt groups (the run's
 seeded prompt schedule, group by group) as long as the recipe's capacity rule allows:
 
-    accepted + running <= (s + v + 1) · prompts_per_step      (v: the trainer's version)
+    accepted + running <= (s + v + 1) · P      (v: the version the servers hold, P groups a step)
 
 where `accepted` counts the groups that finished (handed to the trainer or waiting) since the run
-began, a resumed run counting its past steps' as accepted. So the servers are at most s versions
-ahead of the trainer, and a batch trained at version v can hold groups whose calls were generated
-at v − s at the oldest; `take` drops any group older than that (counted, its room refilled).
+began, a resumed run counting its past steps' as accepted. The trainer takes groups in the order
+they were submitted (failed ones skipped), not the order they finish. With the capacity rule this
+bounds the staleness by construction: the i-th group taken goes into step ⌊i/P⌋ and was submitted
+when at most (s + v + 1)·P groups were out, i.e. at a version v ≥ ⌊i/P⌋ − s. Taking groups as they
+finish instead favours short episodes: long tool-calling groups then overrun the bound and are
+dropped, and the trainer sees ever fewer of them (measured: κ fell to 0 at s = 2; docs/rl.md). A
+group older than the bound all the same (a resumed run) is dropped and counted.
 
 Every model call goes through the `ServerGate` (train.rollout), which tags it with the version of
-the server that generated it. The sync after an update runs on this loop: close the server's gate,
-POST /pause?mode=abort (the generations in flight are cut: they are sent again once the server is
-open, on the new weights), reload, set the version, resume, open the gate. A launched server that
-dies is started again on the newest weights, and its requests wait for it (or go to another).
-A failed episode drops its group, as in the synchronous step.
+the server that generated it. The sync after an update runs on this loop, while the trainer goes
+on: close the server's gate (new calls wait), let this client's calls in flight end on the old
+weights (`sync_pause: drain`; `abort` cuts them instead and they are sent again), POST /pause,
+reload, set the version, resume, open the gate. A launched server that dies is started again on the
+newest weights, and its requests wait for it (or go to another). A failed episode drops its group.
 """
 
 from __future__ import annotations
@@ -39,10 +43,10 @@ from paravt.train.rollout import RolloutServers, ServerGate
 class Group:
     """One prompt group's rollouts, as they finished."""
 
-    index: int  # the run's group number: prompt schedule position step·P + j
+    index: int  # the producer's group number (its share of the schedule, in order)
     jobs: list  # grpo.Job
     results: list  # Episode, or the exception that ended it
-    submitted_at: int  # the trainer's version when it was submitted
+    submitted_at: int  # the servers' version when it was submitted
     versions: list[int] = field(default_factory=list)  # the versions of every model call
 
     @property
@@ -63,28 +67,33 @@ def call_versions(episode) -> list[int]:
 
 class RolloutProducer:
     """Rollouts that run beside the trainer. `run_group(backend, readers, jobs)` plays one group's
-    episodes (grpo); `plan_group(g)` gives group g's jobs."""
+    episodes (grpo); `plan_group(i)` gives the producer's i-th group's jobs."""
 
     def __init__(self, servers: RolloutServers, max_staleness: int, per_step: int, version: int,
-                 plan_group: Callable[[int], list], run_group: Callable[..., Any], max_failed_groups: int = 0):
+                 plan_group: Callable[[int], list], run_group: Callable[..., Any], pause: str = "drain",
+                 max_failed_groups: int = 0):
         self.servers = servers
         self.s = max_staleness
         self.per_step = per_step
         self.version = version
         self.plan_group = plan_group
         self.run_group = run_group
+        self.pause = pause  # drain | abort
         self.next_group = version * per_step  # a resumed run goes on with the schedule; in-flight rollouts were lost
+        self.next_take = self.next_group
         self.accepted = version * per_step
         self.running = 0
-        self.ready: list[Group] = []
+        self.finished: dict[int, Group | None] = {}  # None: failed
         self.failed: list[str] = []  # why groups were dropped since the last take
         self.failed_in_a_row = 0
         self.max_failed_groups = max_failed_groups or 4 * (max_staleness + 1) * per_step
         self.stale_groups = 0
+        self.server_sync_s = 0.0  # the last background sync's seconds
         self.error: BaseException | None = None
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="rollout-producer", daemon=True)
         self._thread.start()
+        self._pending: Any = None  # the sync in progress (a concurrent future)
         self._call(self._setup())
 
     # ---- called from the trainer's thread
@@ -93,26 +102,51 @@ class RolloutProducer:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def take(self, version: int) -> tuple[list[Group], list[str]]:
-        """The trainer at `version` takes `per_step` finished groups (oldest first), none older than
-        version − s; blocks until they are there. Returns them and why groups were dropped since the
-        last take (failed episodes)."""
+        """The trainer at `version` takes the next `per_step` groups in submission order (failed
+        ones skipped), none older than version − s; blocks until they have finished. Returns them
+        and why groups were dropped since the last take (failed episodes)."""
         return self._call(self._take(version))
 
+    def request_sync(self, weights: Path, version: int) -> None:
+        """Start loading `weights` as `version` on every server, in the background (`wait_sync` waits
+        for it; the next request waits for the previous one first)."""
+        self.wait_sync()
+        self._pending = asyncio.run_coroutine_threadsafe(self._sync(weights, str(version)), self.loop)
+
+    def wait_sync(self) -> None:
+        """Until the sync in progress, if any, is done (raises its error)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
     def sync(self, weights: Path, version: int) -> float:
-        """Every server loads `weights` as `version`, cutting the generations in flight; the
-        producer may then run up to s versions ahead of it. Returns the seconds it took."""
+        """Every server loads `weights` as `version`; returns the seconds it took."""
         t0 = time.perf_counter()
-        self._call(self._sync(weights, str(version)))
+        self.request_sync(weights, version)
+        self.wait_sync()
         return time.perf_counter() - t0
 
+    def close_gates(self) -> None:
+        """No new call to any server, and this process's calls in flight ended (every process, before
+        rank 0 pauses the servers)."""
+        self._call(self._close_gates())
+
+    def reopen(self, urls: list[str], version: int) -> None:
+        """After rank 0 synced the servers (other processes): `urls` are open at `version`, the rest gone."""
+        self._call(self._reopen(urls, version))
+
     def busy(self) -> float:
-        """Seconds some server had a request in flight since the producer started."""
+        """Seconds some server had a request of this process in flight since the producer started."""
         return self._call(self._busy())
 
     def resent(self) -> int:
         return self.backend.resent
 
     def close(self) -> None:
+        try:
+            self.wait_sync()  # a server given by URL must not stay paused
+        except Exception:  # noqa: BLE001 - closing after a failure
+            pass
         try:
             self._call(self._stop(), timeout=60)
         except Exception:  # noqa: BLE001 - closing after a failure: the loop may be gone
@@ -124,7 +158,7 @@ class RolloutProducer:
 
     async def _setup(self) -> None:
         s = self.servers
-        self.gate = ServerGate({u: s.version.get(u) for u in s.urls}, down=self._down)
+        self.gate = ServerGate({u: s.version.get(u) for u in s.urls}, down=self._down, drained=self.pause == "drain")
         self.backend = s.backend(self.gate)
         headers = {"Authorization": f"Bearer {s.api_key}"} if s.api_key else {}
         self.http = httpx.AsyncClient(timeout=s.cfg.timeout_s, headers=headers)
@@ -166,9 +200,9 @@ class RolloutProducer:
             raise
         except BaseException as e:  # noqa: BLE001 - planning or bookkeeping failed: the group is lost
             errors = [e]
-            jobs = []
         self.running -= 1
         if errors:
+            self.finished[g] = None
             self.failed.append(f"group {g}: {type(errors[0]).__name__}: {errors[0]}")
             self.failed_in_a_row += 1
             if self.failed_in_a_row >= self.max_failed_groups:
@@ -177,19 +211,26 @@ class RolloutProducer:
         else:
             self.failed_in_a_row = 0
             self.accepted += 1
-            self.ready.append(group)
+            self.finished[g] = group
         self.changed.set()
 
-    async def _take(self, version: int) -> list[Group]:
+    async def _take(self, version: int) -> tuple[list[Group], list[str]]:
+        out: list[Group] = []
         while True:
             if self.error is not None:
                 raise self.error
-            for g in [g for g in self.ready if version - g.oldest > self.s]:
-                self.ready.remove(g)  # older than the bound: dropped, its room refilled
-                self.accepted -= 1
-                self.stale_groups += 1
-            if len(self.ready) >= self.per_step:
-                out, self.ready = self.ready[:self.per_step], self.ready[self.per_step:]
+            while len(out) < self.per_step and self.next_take in self.finished:
+                group = self.finished.pop(self.next_take)
+                self.next_take += 1
+                if group is None:
+                    continue  # failed: its room was freed when it failed
+                if version - group.oldest > self.s:  # past the bound (cannot happen in order; guard)
+                    self.accepted -= 1
+                    self.stale_groups += 1
+                    self.changed.set()
+                    continue
+                out.append(group)
+            if len(out) == self.per_step:
                 failed, self.failed = self.failed, []
                 self.changed.set()
                 return out, failed
@@ -203,9 +244,11 @@ class RolloutProducer:
         return r.json() if r.content else {}
 
     async def _sync_one(self, url: str, weights: Path, version: str) -> None:
-        """pause (cutting the generations in flight) → reload → version → resume, behind a closed gate."""
+        """close → (drain) → pause → reload → version → resume → open."""
         self.gate.close(url)
-        await self._post(url, "/pause", params={"mode": "abort"})
+        if self.pause == "drain":
+            await self.gate.drain(url)
+        await self._post(url, "/pause", params={"mode": "wait" if self.pause == "drain" else "abort"})
         try:
             await self._post(url, "/collective_rpc", json={"method": "reload_weights",
                                                             "kwargs": {"weights_path": str(weights)}})
@@ -219,6 +262,7 @@ class RolloutProducer:
         self.gate.reopen(url, version)
 
     async def _sync(self, weights: Path, version: str) -> None:
+        t0 = time.perf_counter()
         s = self.servers
         s.weights, s.current = weights, version
         live = [u for u in s.urls if u not in self.restarting]  # a restarting server loads the newest itself
@@ -233,8 +277,26 @@ class RolloutProducer:
                 s.urls.remove(u)
                 self.gate.remove(u)
         if not s.urls:
-            raise BackendError("no rollout server is left")
-        self.version = int(version)
+            self.error = BackendError("no rollout server is left")
+            self.changed.set()
+            raise self.error
+        self.version = int(version)  # room for the next step's groups, which run on these weights
+        self.server_sync_s = time.perf_counter() - t0
+        self.changed.set()
+
+    async def _close_gates(self) -> None:
+        for u in self.servers.urls:
+            self.gate.close(u)
+        if self.pause == "drain":
+            await asyncio.gather(*[self.gate.drain(u) for u in self.servers.urls])
+
+    async def _reopen(self, urls: list[str], version: int) -> None:
+        for u in list(self.gate.version):
+            if u in urls:
+                self.gate.reopen(u, str(version))
+            else:
+                self.gate.remove(u)
+        self.version = version
         self.changed.set()
 
     def _restart(self, url: str) -> None:
