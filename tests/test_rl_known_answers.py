@@ -171,3 +171,40 @@ def test_grpo_on_multi_turn_episodes_raises_the_calls_a_reward_pays_for(mini_spl
     train_grpo(cfg, reward_fn=lambda ep, s: min(ep.n_executed_calls, 3))
     after = kappa(tmp_path / "run" / "checkpoint")
     assert after >= before + 0.4, (before, after)
+
+
+def test_decoupled_ppo_is_the_policy_gradient_under_samples_of_a_stale_policy():
+    """Asynchronous rollouts sample from an older policy π_behave. The decoupled loss (π_prox = the
+    current weights, behaviour weight π_prox/π_behave) gives E_behave[w·A·∇log π] = ∇E_{π_θ}[R], the
+    exact gradient; PPO's ratio against π_behave instead (clipped to 1 ± 0.2) does not."""
+    tau = 0.7
+    theta = torch.tensor([0.3, -0.2, 0.5, -0.4, 0.1, 0.0], dtype=torch.float64)
+    behave = theta + torch.tensor([0.5, -0.4, -0.3, 0.2, -0.2, 0.3], dtype=torch.float64)
+    pb, pt = torch.softmax(behave / tau, -1), torch.softmax(theta / tau, -1)
+    assert float((pt / pb).max()) < 5  # no token masked by the cap here
+    baseline = float((pt * REWARD).sum())  # a constant baseline leaves the gradient unbiased
+    groups = 3000
+
+    def estimates(decoupled: bool) -> np.ndarray:
+        g = torch.Generator().manual_seed(2)
+        out = []
+        for _ in range(groups):
+            a = torch.multinomial(pb, N, replacement=True, generator=g)
+            th = theta.clone().requires_grad_(True)
+            logp = policy_log_softmax(th, tau).gather(-1, a)
+            old = policy_log_softmax(behave, tau).gather(-1, a)
+            adv, ones = REWARD[a] - baseline, torch.ones(N, dtype=torch.float64)
+            if decoupled:
+                loss, _ = ppo_loss(logp, old, adv, ones, N, prox_logp=logp.detach(), behave_cap=5.0)
+            else:
+                loss, _ = ppo_loss(logp, old, adv, ones, N)
+            (grad,) = torch.autograd.grad(loss, th)
+            out.append(-grad.numpy())
+        return np.array(out)
+
+    want = exact_gradient(theta, tau).numpy()
+    right = estimates(True)
+    se = right.std(0, ddof=1) / math.sqrt(groups)
+    assert np.all(np.abs(right.mean(0) - want) < 4 * se + 1e-12), (right.mean(0), want, se)
+    wrong = estimates(False)
+    assert np.any(np.abs(wrong.mean(0) - want) > 6 * se), (wrong.mean(0), want, se)

@@ -19,8 +19,8 @@ training needs from a server, and where it comes from:
   refuses episodes of another version than the policy it updates. With s > 0 a producer
   (train.producer) keeps the servers busy while the trainer updates: every model call is tagged
   with the version that generated it (`ServerGate`), a batch trained at version v holds only groups
-  whose every call is at least v − s, and the sync cuts the generations in flight (POST
-  /pause?mode=abort), which are sent again on the new weights, so no call mixes two versions.
+  whose every call is at least v − s, and the sync lets the calls in flight end on the old weights
+  before it pauses the server (or cuts them and sends them again), so no call mixes two versions.
 - death: a launched server that dies is started again on the newest synced weights (its requests
   wait, then run there); servers given as URLs are dropped when they fail.
 
