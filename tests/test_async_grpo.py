@@ -39,6 +39,14 @@ def test_decoupled_ppo_loss_by_hand():
     assert g[0] == 0.0  # clipped
     assert g[1] == pytest.approx(np.exp(0.5) * 1.0 * r1 / 3)  # −A·w·r/3 with A = −1
     assert g[2] == 0.0 and g[3] == 0.0  # over the cap; untrained
+    # a token the policy cannot produce (log π = −inf, e.g. a never-sampled id a server sampled):
+    # masked and counted, and the gradient stays finite
+    lp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    inf = float("-inf")
+    bad, st = ppo_loss(lp.clone(), torch.tensor([[-1.0, -2.0]]), torch.tensor([[1.0, 1.0]]), torch.ones(1, 2), 2,
+                       prox_logp=torch.tensor([[-1.0, inf]]), behave_cap=5.0)
+    bad.backward()
+    assert torch.isfinite(bad) and torch.isfinite(lp.grad).all() and st["behave_masked"].item() == 1
     # without π_prox it is the on-policy loss, the ratio against the behaviour logprobs
     on, _ = ppo_loss(logp.detach(), behave, adv, mask, 3, 0.2)
     assert on.item() == pytest.approx(ppo_loss(logp.detach(), behave, adv, mask, 3, 0.2, prox_logp=behave)[0].item())

@@ -27,6 +27,9 @@ What goes over the wire, and why:
   The turn is rebuilt so that `protocol.parse` sees what the model wrote: exactly, from the
   logprobs' token bytes when present, else from the fields (think, `</think>`, content, then
   each call as a Hermes block).
+- `banned_ids` go out as `logit_bias` −100: the trainer's policy never samples the vision
+  placeholders (a generated one has no frame behind it), and a server must sample from that same
+  distribution, or a sampled placeholder gets log π = −inf in the trainer.
 - Weight versions (asynchronous RL, `gate=`): every request enters the gate of the server it goes
   to, which records the weight version the server holds; a server being synced or restarted is
   closed, and requests wait for an open one. A generation the server cut for a weight update
@@ -168,7 +171,7 @@ class OpenAIBackend:
     def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None, concurrency: int = 8,
                  timeout_s: float = 600.0, max_retries: int = 4, endpoints: list[str] | None = None, *,
                  backoff_s: float = 0.5, logprobs: bool = True, image_format: str = "png",
-                 server_extensions: bool = True, gate=None):
+                 server_extensions: bool = True, gate=None, banned_ids: list[int] | None = None):
         urls = list(endpoints) if endpoints else [base_url]
         if not urls or not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls):
             raise BackendError(f"server URLs must start with http:// or https://, got {urls!r}")
@@ -191,6 +194,7 @@ class OpenAIBackend:
         self._state: _LoopState | None = None
         self.image_cache = _UrlCache()
         self.requests_sent: dict[str, int] = {u: 0 for u in self.endpoints}  # observable: load per endpoint
+        self.banned_ids = list(banned_ids or [])  # never to be sampled (logit_bias −100)
         self.gate = gate  # train.rollout.ServerGate: weight versions, servers closed for a sync or restart
         self.resent = 0  # generations cut by a weight update or a server's death and sent again
 
@@ -276,6 +280,8 @@ class OpenAIBackend:
             body["add_generation_prompt"] = False
         if self.logprobs:
             body["logprobs"] = True
+        if self.banned_ids:
+            body["logit_bias"] = {str(i): -100 for i in self.banned_ids}
         if self.server_extensions:
             body["skip_special_tokens"] = False
             body["return_token_ids"] = True

@@ -255,16 +255,22 @@ def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tenso
         w · max(−A·r, −A·clip(r, 1 ± ε)),  r = π_θ/π_prox,  w = π_prox/π_behave.
     Tokens whose w exceeds `behave_cap` get no gradient (counted in `behave_masked`); they stay in
     the token-mean's denominator, as in the recipe."""
-    trust = old_logp if prox_logp is None else prox_logp
-    ratio = torch.exp(logp - trust)
+    if prox_logp is None:
+        ratio = torch.exp(logp - old_logp)
+    else:
+        # a token one of the policies cannot produce (log π = −inf: a never-sampled id a server did
+        # sample) has no ratio: no gradient, counted with the masked ones (−inf − −inf is NaN, and
+        # NaN·0 would poison the whole gradient)
+        finite = torch.isfinite(prox_logp) & torch.isfinite(old_logp) & torch.isfinite(logp.detach())
+        ratio = torch.exp(torch.where(finite, logp - prox_logp, torch.zeros_like(logp)))
+        weight = torch.where(finite, torch.exp(prox_logp - old_logp), torch.zeros_like(old_logp)).detach()
+        keep = mask * (finite & (weight <= behave_cap if behave_cap is not None else finite)).float()
     pg1 = -advantages * ratio
     pg2 = -advantages * torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps)
     pg = torch.maximum(pg1, pg2)
     stats = {"clipped": ((pg2 > pg1).float() * mask).sum().detach(), "ratio": (ratio * mask).sum().detach()}
     if prox_logp is not None:
-        weight = torch.exp(prox_logp - old_logp).detach()
-        keep = mask * (weight <= behave_cap).float() if behave_cap is not None else mask
-        pg = pg * weight * keep
+        pg = torch.where(keep > 0, pg * weight, torch.zeros_like(pg))
         stats["behave_masked"] = (mask - keep).sum().detach()
         stats["behave_weight"] = (weight * keep).sum().detach()
     stats["pg"] = (pg * mask).sum().detach()
@@ -477,6 +483,7 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend, reward_fn=None) -> dict:
         if make_backend is not None:
             raise ConfigError("make_backend serves in-process rollouts; rollout.engine servers uses the servers")
         servers = _start_servers(cfg, engine, source, out)
+        servers.banned_ids = list(renderer.banned_ids)  # servers sample from the trainer's π_τ
         sync_s = _sync(engine, servers, model, processor, out, run.step)  # the policy as it starts (fresh or resumed)
         console.print(f"[dim]rollouts on {len(servers.urls)} server(s): {', '.join(servers.urls)} "
                       f"(weights synced in {sync_s:.1f} s)[/dim]")
@@ -948,7 +955,8 @@ def _update(cfg: GRPOConfig, engine, model, base, ref, renderer, opt, params, se
                 before, w = batch.old_logprobs, batch.mask * batch.fresh
                 if batch.prox_logprobs is not None:
                     before, w = batch.prox_logprobs, batch.mask
-                drift["sum"] += float(((logp.detach() - before).abs() * w).sum())
+                gap = torch.where(w > 0, (logp.detach() - before).abs(), torch.zeros_like(w))
+                drift["sum"] += float((gap * w).sum())
                 drift["tokens"] += float(w.sum())
         return loss
 

@@ -118,6 +118,7 @@ class RolloutServers:
         self.weights: Path | None = None  # the newest synced weights, and their version
         self.current: str | None = None
         self.restarts = 0
+        self.banned_ids: list[int] = []  # the policy's never-sampled ids (the trainer sets them): logit_bias
         self.version: dict[str, str | None] = {u: None for u in self.urls}
         self.api_key = cfg.api_key or os.environ.get("PARAVT_API_KEY")
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -173,7 +174,8 @@ class RolloutServers:
         if not self.urls:
             raise BackendError("no rollout server is left")
         return OpenAIBackend(self.urls[0], endpoints=self.urls, api_key=self.api_key, concurrency=self.cfg.concurrency,
-                             timeout_s=self.cfg.timeout_s, logprobs=True, server_extensions=True, gate=gate)
+                             timeout_s=self.cfg.timeout_s, logprobs=True, server_extensions=True, gate=gate,
+                             banned_ids=self.banned_ids)
 
     # ---- launched servers that die
 
