@@ -63,20 +63,21 @@ def summary(log: list[dict]) -> dict:
             "reward": sum(r["reward"] for r in log) / len(log), "kappa": sum(r["kappa"] for r in log) / len(log)}
 
 
-def plot(logs: dict[int, list[dict]], path: Path, window: int = 10) -> None:
+def plot(logs: dict[str, list[dict]], path: Path, window: int = 10) -> None:
+    """Reward and κ per step of each run (`logs`: label -> log.jsonl rows), raw and smoothed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    for s, log in logs.items():
+    for i, (label, log) in enumerate(logs.items()):
         steps = [r["step"] for r in log]
         for ax, key in zip(axes, ("reward", "kappa")):
             vals = [r[key] for r in log]
             sm = [sum(vals[max(0, i - window + 1):i + 1]) / len(vals[max(0, i - window + 1):i + 1]) for i in range(len(vals))]
-            ax.plot(steps, vals, alpha=0.2, color=f"C{s}")
-            ax.plot(steps, sm, color=f"C{s}", label=f"max_staleness {s}")
+            ax.plot(steps, vals, alpha=0.2, color=f"C{i}")
+            ax.plot(steps, sm, color=f"C{i}", label=label)
     for ax, title in zip(axes, ("reward per step", "κ (tool calls per rollout)")):
         ax.set_title(title)
         ax.set_xlabel("step")
@@ -99,6 +100,8 @@ def main() -> None:
     ap.add_argument("--vllm-python", default=None, help="a vLLM environment's python: roll out on vLLM")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plot", type=Path, default=None)
+    ap.add_argument("--compare", type=Path, nargs="*", default=[],
+                    help="more run directories (e.g. another seed's) to draw beside these")
     a = ap.parse_args()
     a.server = "vllm" if a.vllm_python else "paravt"
     logs = {s: run(a, s) for s in a.staleness}
@@ -116,7 +119,12 @@ def main() -> None:
     Console(width=150).print(t)
     (a.out / f"{a.server}_summary.json").write_text(json.dumps(rows, indent=1))
     if a.plot:
-        plot(logs, a.plot)
+        runs = {f"max_staleness {s}, seed {a.seed}": log for s, log in logs.items()}
+        for d in a.compare:
+            cfg = json.loads((d / "config.json").read_text())
+            runs[f"max_staleness {cfg['rollout']['max_staleness']}, seed {cfg['seed']}"] = \
+                [json.loads(line) for line in (d / "log.jsonl").read_text().splitlines()]
+        plot(runs, a.plot)
         print(f"wrote {a.plot}")
 
 

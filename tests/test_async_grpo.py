@@ -185,7 +185,7 @@ def test_a_sync_mid_generation_loses_nothing_and_mixes_no_versions(mini_split, t
                                    plan_group=lambda g: _plan_group(cfg, samples, g),
                                    run_group=lambda b, r, jobs: play_jobs(b, r, jobs, cfg.episode, 1.0))
         taken = []
-        for v in (0, 1, 2):
+        for v in (0, 1, 2):  # the second sync meets the groups its first one made room for
             groups, failed = producer.take(v)
             assert not failed and [g.index for g in groups] == [2 * v, 2 * v + 1]
             assert all(v - g.oldest <= 1 for g in groups)
@@ -246,8 +246,8 @@ def test_async_grpo_bounds_staleness_survives_a_killed_server_and_resumes(mini_s
         assert proc.returncode == 0, text[-3000:]
         return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
 
-    log = train(3, kill_after=1)
-    assert [r["step"] for r in log] == [1, 2, 3]
+    log = train(2, kill_after=1)
+    assert [r["step"] for r in log] == [1, 2]
     assert max(r["server_restarts"] for r in log) == 1
     for r in log:
         assert 0 <= r["staleness_max"] <= 2 and r["staleness_mean"] <= r["staleness_max"]
@@ -259,10 +259,10 @@ def test_async_grpo_bounds_staleness_survives_a_killed_server_and_resumes(mini_s
     for rec in records:  # trained at version step − 1
         v = rec["step"] - 1
         assert rec["versions"] and v - 2 <= min(rec["versions"]) and max(rec["versions"]) <= v
-    log = train(4)  # resumes at step 3: in-flight rollouts were lost with the process, the producer refills
-    assert [r["step"] for r in log] == [1, 2, 3, 4]
+    log = train(3)  # resumes at step 2: in-flight rollouts were lost with the process, the producer refills
+    assert [r["step"] for r in log] == [1, 2, 3]
     records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
-    assert all(min(r["versions"]) >= 3 for r in records if r["step"] == 4)  # nothing from the first run
+    assert all(min(r["versions"]) >= 2 for r in records if r["step"] == 3)  # nothing from the first run
 
 
 @pytest.mark.slow
