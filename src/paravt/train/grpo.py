@@ -557,10 +557,7 @@ def _train_grpo(cfg: GRPOConfig, console, make_backend, reward_fn=None) -> dict:
             metrics["update_busy"] = (wall - rollout_s) / wall  # the trainer's share not spent waiting for rollouts
             metrics["rollout_busy"] = rollout_s / wall
             if producer is not None:
-                metrics.update(staleness_stats(kept, step - 1, cfg.include_subagents, engine.gather))  # at version step − 1
-                metrics["rollout_busy"] = min((producer.busy() - busy0) / wall, 1.0)  # this process's requests in flight
-                metrics.update(server_sync_s=producer.server_sync_s, stale_groups=engine.all_sum(producer.stale_groups),
-                               resent_calls=engine.all_sum(producer.resent()), server_restarts=servers.restarts)
+                metrics.update(_async_metrics(cfg, engine, producer, servers, kept, step - 1, busy0, wall))
             last = {"step": step, **metrics}
             if engine.main:
                 if rollout_file:
@@ -814,6 +811,16 @@ def _start_producer(cfg: GRPOConfig, samples: list["RLSample"], servers, version
         plan_group=lambda i: _plan_group(cfg, samples, (i // n) * cfg.prompts_per_step + mine[i % n]),
         run_group=lambda backend, readers, jobs: play_jobs(backend, readers, jobs, cfg.episode, cfg.temperature,
                                                            cfg.top_p))
+
+
+def _async_metrics(cfg: GRPOConfig, engine, producer, servers, kept: list[list[tuple]], version: int,
+                   busy0: float, wall: float) -> dict[str, float]:
+    """What asynchronous rollouts add to a step's log (docs/rl.md): staleness of the batch trained at
+    `version`, this process's share of the step with a request in flight, and the producer's counts."""
+    return {**staleness_stats(kept, version, cfg.include_subagents, engine.gather),
+            "rollout_busy": min((producer.busy() - busy0) / wall, 1.0), "server_sync_s": producer.server_sync_s,
+            "stale_groups": engine.all_sum(producer.stale_groups), "resent_calls": engine.all_sum(producer.resent()),
+            "server_restarts": servers.restarts}
 
 
 def staleness_stats(kept: list[list[tuple]], version: int, include_subagents: bool,
