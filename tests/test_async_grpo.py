@@ -158,6 +158,12 @@ def test_a_sync_mid_generation_loses_nothing_and_mixes_no_versions(mini_split, t
     """The producer runs ahead (s = 1) while the trainer syncs new weights twice: the generations in
     flight end on the old weights first (drain) or are cut and sent again (abort), every group comes
     back, and each call's tokens have exactly the logprobs of the weights of the version it carries."""
+    check_sync_mid_generation(mini_split, tmp_path, pause, launch="paravt")
+
+
+def check_sync_mid_generation(data, tmp_path, pause: str, **servers_cfg) -> None:
+    """The test above on servers launched with `servers_cfg` (RolloutConfig fields): also run on vLLM
+    by tests/test_vllm.py."""
     from paravt.agent import EpisodeConfig
     from paravt.backends.hf import Renderer, sequence_logprobs
     from paravt.models import load_model
@@ -167,9 +173,9 @@ def test_a_sync_mid_generation_loses_nothing_and_mixes_no_versions(mini_split, t
     from paravt.train.rollout import RolloutConfig, RolloutServers, write_sync_weights
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    rc = RolloutConfig(engine="servers", launch="paravt", devices=["cpu"], start_timeout_s=300, max_staleness=1,
-                       sync_pause=pause)
-    cfg = GRPOConfig(data=str(mini_split / "rl.parquet"), prompts_per_step=2, rollouts_per_prompt=2, rollout=rc,
+    rc = RolloutConfig(engine="servers", devices=["cpu"], start_timeout_s=300, max_staleness=1, sync_pause=pause,
+                       **servers_cfg)
+    cfg = GRPOConfig(data=str(data / "rl.parquet"), prompts_per_step=2, rollouts_per_prompt=2, rollout=rc,
                      episode=EpisodeConfig(mode="parallel", max_turns=2, max_new_tokens=40, sub_max_new_tokens=24,
                                            think_prefix=True))
     samples = _load_samples(cfg)
@@ -177,6 +183,7 @@ def test_a_sync_mid_generation_loses_nothing_and_mixes_no_versions(mini_split, t
     model, processor = load_model(str(DEFAULT_MODEL), device="cpu")
     weights = {}
     servers = RolloutServers.start(rc, str(DEFAULT_MODEL), tmp_path / "logs")
+    servers.banned_ids = Renderer(processor).banned_ids  # as the trainer sets them
     producer = None
     try:
         weights[0] = write_sync_weights(engine, model, processor, tmp_path, "0", keep=5)

@@ -207,3 +207,15 @@ def test_asynchronous_para_grpo_on_vllm(split, tmp_path):
     print(f"\nasynchronous PARA-GRPO on vLLM: 3 steps in {seconds:.0f} s (server start included); staleness "
           f"{[r['staleness_mean'] for r in log]}, calls sent again {log[-1]['resent_calls']}, busy rollout "
           f"{[round(r['rollout_busy'], 2) for r in log]} update {[round(r['update_busy'], 2) for r in log]}")
+
+
+@pytest.mark.parametrize("pause", ["drain", "abort"])
+def test_a_sync_mid_generation_on_vllm(split, tmp_path, pause):
+    """tests/test_async_grpo.py's sync mid-generation on a launched vLLM: with abort, vLLM's cut
+    generations (finish_reason "abort") are sent again; with drain, pause?mode=wait; either way every
+    call's tokens have the logprobs of the weights of the version it carries."""
+    from tests.test_async_grpo import check_sync_mid_generation
+
+    server_args = ["--dtype", "float32", "--max-model-len", "8192", "--gpu-memory-utilization", "0.15"]
+    check_sync_mid_generation(split, tmp_path, pause, launch="vllm", vllm_python=str(VLLM_PYTHON),
+                              server_args=server_args)
