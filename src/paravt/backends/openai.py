@@ -293,7 +293,7 @@ class OpenAIBackend:
         tried: list[str] = []
         async with st.sem:  # waiting for a free slot does not count against the deadline
             if self.gate is not None:  # waits for syncs and restarts: each HTTP call keeps its own timeout
-                return await self._gated_attempts(st, body, req.prefix, tried)
+                return await self._attempts(st, body, req.prefix, tried)
             try:
                 return await asyncio.wait_for(self._attempts(st, body, req.prefix, tried), self.timeout_s)
             except asyncio.TimeoutError:
@@ -302,53 +302,38 @@ class OpenAIBackend:
                                    f"({len(tried)} tries; raise the limit with --timeout)") from None
 
     async def _attempts(self, st: _LoopState, body: dict, prefix: str, tried: list[str]) -> Completion:
-        last, failed = "", None
-        for attempt in range(self.max_retries + 1):
-            url = self._pick(st, failed)
-            tried.append(url)
-            st.inflight[url] += 1
-            self.requests_sent[url] += 1
-            try:
-                body["model"] = await self._model_for(st, url)
-                data = await self._call(st, "POST", url + "/chat/completions", body)
-                return _completion(data, prefix, url)
-            except _Retryable as e:
-                last, failed, wait = str(e), url, e.wait_s
-            finally:
-                st.inflight[url] -= 1
-            if attempt < self.max_retries:
-                await asyncio.sleep(max(wait, self.backoff_s * (2**attempt) * (0.5 + random.random())))
-        where = " and ".join(dict.fromkeys(u.removesuffix("/v1") for u in tried))
-        raise BackendError(f"server at {where} unreachable after {len(tried)} tries (last: {last})")
-
-    async def _gated_attempts(self, st: _LoopState, body: dict, prefix: str, tried: list[str]) -> Completion:
-        """`_attempts` through the weight gate: on an open server, tagged with its version; a cut
-        generation goes again (it is not a failure), other failures count against max_retries."""
+        """Up to 1 + max_retries tries, each on the least busy endpoint but the one that just failed,
+        with backoff. Through the weight gate (when there is one): only on open servers, the
+        completion tagged with the version its server held, and a generation cut by a sync or a
+        restart sent again without counting as a failure."""
         gate, failures, last, failed = self.gate, 0, "", None
         while True:
-            open_ = [u for u in self.endpoints if gate.is_open(u.removesuffix("/v1"))]
-            if not open_:
-                await gate.wait_open()
-                continue
-            url = self._pick(st, failed, open_)
+            among = None
+            if gate is not None:
+                among = [u for u in self.endpoints if gate.is_open(u.removesuffix("/v1"))]
+                if not among:
+                    await gate.wait_open()
+                    continue
+            url = self._pick(st, failed, among)
             base = url.removesuffix("/v1")
             tried.append(url)
-            version, epoch = await gate.enter(base)
+            version, epoch = await gate.enter(base) if gate is not None else (None, 0)
             st.inflight[url] += 1
             self.requests_sent[url] += 1
             try:
                 body["model"] = await self._model_for(st, url)
                 data = await self._call(st, "POST", url + "/chat/completions", body)
                 c = _completion(data, prefix, url)
-                if c.finish_reason == "abort" or not gate.valid(base, epoch):  # cut (vLLM), or met a sync
-                    raise _Cut()
+                if gate is not None and (c.finish_reason == "abort" or not gate.valid(base, epoch)):
+                    raise _Cut()  # cut by the pause (vLLM), or ended across a sync that cut generations
                 c.weight_version = version
                 return c
             except _Cut:
                 self.resent += 1
                 continue
             except _Retryable as e:
-                if gate.epoch(base) != epoch or await gate.down(base) or "weight update" in str(e):
+                if gate is not None and (gate.epoch(base) != epoch or await gate.down(base)
+                                         or "weight update" in str(e)):
                     self.resent += 1  # paused, synced or restarted under it
                     continue
                 failures += 1
@@ -359,7 +344,8 @@ class OpenAIBackend:
                 await asyncio.sleep(max(e.wait_s, self.backoff_s * (2 ** (failures - 1)) * (0.5 + random.random())))
             finally:
                 st.inflight[url] -= 1
-                gate.leave(base)
+                if gate is not None:
+                    gate.leave(base)
 
     async def generate(self, requests: list[GenerateRequest]) -> list[Completion]:
         return list(await asyncio.gather(*[self._one(r) for r in requests]))
