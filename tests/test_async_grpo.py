@@ -62,8 +62,8 @@ class _Episode:
     def __init__(self, version: int):
         self.turns = [_Call(version)]
 
-    def subcalls(self):
-        return []
+    def model_calls(self):
+        return [t.generation for t in self.turns]
 
 
 class _Servers:
@@ -86,6 +86,11 @@ class _Servers:
 
     def dead(self, url):
         return False
+
+    def async_client(self):
+        import httpx
+
+        return httpx.AsyncClient()
 
 
 def test_the_producer_keeps_the_recipes_capacity_and_drops_groups_past_the_bound():
@@ -189,7 +194,7 @@ def check_sync_mid_generation(data, tmp_path, pause: str, **servers_cfg) -> None
         weights[0] = write_sync_weights(engine, model, processor, tmp_path, "0", keep=5)
         servers.sync(weights[0], "0")
         producer = RolloutProducer(servers, 1, cfg.prompts_per_step, 0, pause=pause,
-                                   plan_group=lambda g: _plan_group(cfg, samples, g),
+                                   plan_group=lambda g: _plan_group(cfg, samples, *divmod(g, 2), number=g),
                                    run_group=lambda b, r, jobs: play_jobs(b, r, jobs, cfg.episode, 1.0))
         taken = []
         for v in (0, 1, 2):  # the second sync meets the groups its first one made room for
@@ -215,8 +220,7 @@ def check_sync_mid_generation(data, tmp_path, pause: str, **servers_cfg) -> None
     checked = 0
     for g in taken:
         for ep in g.results:
-            calls = [t.generation for t in ep.turns] + [c.generation for c in ep.subcalls() if c.generation]
-            for c in calls:
+            for c in ep.model_calls():
                 images = [p.image for m in c.messages for p in m.images()]
                 with torch.no_grad():
                     mine = sequence_logprobs(models[int(c.weight_version)], renderer, c.prompt_ids, c.token_ids, images)

@@ -126,9 +126,13 @@ def test_a_dead_server_is_routed_around_then_started_again_and_a_given_one_dropp
         assert served(pair, pair.urls[1]).token_ids  # the started-again server answers
     finally:
         pair.close()
-    given = RolloutServers(RolloutConfig(engine="servers", servers=[pair.urls[0]], start_timeout_s=5), [pair.urls[0]])
+    live, gone = servers.urls[0], pair.urls[0]  # given by URL: one answering, one stopped above
+    given = RolloutServers(RolloutConfig(engine="servers", servers=[live, gone], start_timeout_s=5), [live, gone])
+    given.sync(weights, "2")  # the stopped one is dropped; the live one's sync is not disturbed by it
+    assert given.urls == [live] and given.version[live] == "2"
+    assert servers._http[live].get(live + "/weight_info").json() == {"weight_version": "2"}
     with pytest.raises(Exception, match="no rollout server is left"):
-        given.sync(weights, "2")
+        RolloutServers(RolloutConfig(engine="servers", servers=[gone]), [gone]).sync(weights, "3")
 
 
 def test_grpo_with_two_rollout_servers_trains_and_resumes(split, tmp_path):

@@ -239,6 +239,10 @@ class Episode:
     def subcalls(self) -> list[SubCall]:
         return [c for t in self.turns for c in t.calls]
 
+    def model_calls(self) -> list[ModelCall]:
+        """Every generation of the episode: the main turns', then the sub-agents' that ran."""
+        return [t.generation for t in self.turns] + [c.generation for c in self.subcalls() if c.generation]
+
     @property
     def n_problems(self) -> int:
         return sum(len(t.parsed.get("problems", [])) for t in self.turns)

@@ -340,15 +340,10 @@ def episode_record(ep: "Episode", job: Job, breakdown, step: int) -> dict:
         "answer": ep.answer, "gold": job.sample.answer, "question_type": job.sample.question_type,
         "n_parsed_calls": ep.n_parsed_calls, "n_executed_calls": ep.n_executed_calls, "turns": n_turns,
         "problem_turns": sum(1 for t in ep.turns if t.parsed.get("problems")),
-        "gen_tokens": sum(t.generation.completion_tokens for t in ep.turns)
-        + sum(c.generation.completion_tokens for c in ep.subcalls() if c.generation),
+        "gen_tokens": sum(c.completion_tokens for c in ep.model_calls()),
         "main_texts": ep.main_texts(),
-        "versions": sorted({int(c.weight_version) for c in _calls(ep) if c.weight_version is not None}),
+        "versions": sorted({int(c.weight_version) for c in ep.model_calls() if c.weight_version is not None}),
     }
-
-
-def _calls(ep: "Episode") -> list:
-    return [t.generation for t in ep.turns] + [c.generation for c in ep.subcalls() if c.generation]
 
 
 def rollout_metrics(records: list[dict], k_choices: list[int]) -> dict[str, float]:
@@ -664,24 +659,17 @@ def _save(cfg: GRPOConfig, out: Path, model, processor, sched, opt, engine, run:
 def _plan_jobs(cfg: GRPOConfig, samples: list["RLSample"], step: int, world: int, rank: int) -> list[Job]:
     """This process's rollouts of `step`: its prompts (a seeded schedule), each with its K
     (nFrames gating) and n rollout seeds."""
-    jobs = []
-    for gi, (idx, epoch) in enumerate(prompt_schedule(step, cfg.prompts_per_step, len(samples), cfg.seed)):
-        if gi % world != rank:
-            continue
-        s = samples[idx]
-        k = gate_k(cfg.seed, s.id, epoch, cfg.k_choices) if cfg.gating else cfg.fixed_k
-        jobs += [Job(gi, r, s, k, epoch, rollout_seed(cfg.seed, step, s.id, r)) for r in range(cfg.rollouts_per_prompt)]
-    return jobs
+    return [job for j in range(cfg.prompts_per_step) if j % world == rank
+            for job in _plan_group(cfg, samples, step, j, number=j)]
 
 
-def _plan_group(cfg: GRPOConfig, samples: list["RLSample"], g: int) -> list[Job]:
-    """Group g of the run (asynchronous rollouts): position g of the prompt schedule, i.e. prompt
-    g mod P of step g div P, with that step's K and seeds, numbered g."""
-    step, j = divmod(g, cfg.prompts_per_step)
+def _plan_group(cfg: GRPOConfig, samples: list["RLSample"], step: int, j: int, number: int) -> list[Job]:
+    """The n rollouts of prompt j of `step` (the seeded schedule), with its K and seeds, as group
+    `number` (its place in the step; asynchronous rollouts number the run's groups)."""
     idx, epoch = prompt_schedule(step, cfg.prompts_per_step, len(samples), cfg.seed)[j]
     s = samples[idx]
     k = gate_k(cfg.seed, s.id, epoch, cfg.k_choices) if cfg.gating else cfg.fixed_k
-    return [Job(g, r, s, k, epoch, rollout_seed(cfg.seed, step, s.id, r)) for r in range(cfg.rollouts_per_prompt)]
+    return [Job(number, r, s, k, epoch, rollout_seed(cfg.seed, step, s.id, r)) for r in range(cfg.rollouts_per_prompt)]
 
 
 def _score_groups(cfg: GRPOConfig, jobs: list[Job], results: list, reward_fn=None
@@ -734,11 +722,10 @@ def _build_sequences(cfg: GRPOConfig, engine, renderer, kept: list[list[tuple]],
                 ep, a, renderer, include_subagents=cfg.include_subagents, anchoring=cfg.anchoring,
                 reward_cfg=cfg.reward, strict=cfg.strict_continuation, group=job.group, episode=job.rollout)
             drift += int(drifted)
-            versions = [int(c.weight_version) for c in _calls(ep) if c.weight_version is not None]
-            for q in ep_seqs:
-                q.fresh = not versions or min(versions) == step  # asynchronous: some are older
-            seqs += [q for q in ep_seqs if q.n_trained > 0]
             rec = episode_record(ep, job, bd, step + 1)
+            for q in ep_seqs:  # asynchronous rollouts: some episodes are older than the weights updated
+                q.fresh = not rec["versions"] or rec["versions"][0] == step
+            seqs += [q for q in ep_seqs if q.n_trained > 0]
             rec["advantage"] = a
             records.append(rec)
     return seqs, records, drift
@@ -808,7 +795,8 @@ def _start_producer(cfg: GRPOConfig, samples: list["RLSample"], servers, version
     return RolloutProducer(
         servers, cfg.rollout.max_staleness, n, version,
         pause=cfg.rollout.sync_pause,
-        plan_group=lambda i: _plan_group(cfg, samples, (i // n) * cfg.prompts_per_step + mine[i % n]),
+        plan_group=lambda i: _plan_group(cfg, samples, i // n, mine[i % n],
+                                         number=(i // n) * cfg.prompts_per_step + mine[i % n]),
         run_group=lambda backend, readers, jobs: play_jobs(backend, readers, jobs, cfg.episode, cfg.temperature,
                                                            cfg.top_p))
 
@@ -831,9 +819,7 @@ def staleness_stats(kept: list[list[tuple]], version: int, include_subagents: bo
     pairs = []
     for group in kept:
         for _, ep, _ in group:
-            calls = [t.generation for t in ep.turns]
-            if include_subagents:
-                calls += [c.generation for c in ep.subcalls() if c.generation]
+            calls = ep.model_calls() if include_subagents else [t.generation for t in ep.turns]
             for c in calls:
                 pairs.append((version - int(c.weight_version), max(c.completion_tokens, 1)))
     pairs = gather(pairs)
@@ -906,7 +892,7 @@ def _check_served(results: list, servers, step: int) -> None:
     if results and not eps:
         raise results[0]
     for ep in eps:
-        for call in [t.generation for t in ep.turns] + [c.generation for c in ep.subcalls() if c.generation]:
+        for call in ep.model_calls():
             v = servers.version.get(call.served_by or "")
             if v != str(step):
                 raise RuntimeError(f"an episode of step {step + 1} was generated by {call.served_by} holding weight "

@@ -33,10 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import httpx
-
 from paravt.backends.base import BackendError
-from paravt.train.rollout import RolloutServers, ServerGate
+from paravt.train.rollout import RolloutServers, ServerGate, load_weights
 
 
 @dataclass
@@ -56,9 +54,8 @@ class Group:
 
 def call_versions(episode) -> list[int]:
     """The weight version of each model call of an episode (main turns and sub-agents)."""
-    calls = [t.generation for t in episode.turns] + [c.generation for c in episode.subcalls() if c.generation]
     out = []
-    for c in calls:
+    for c in episode.model_calls():
         if c.weight_version is None:
             raise BackendError(f"a rollout call from {c.served_by} carries no weight version")
         out.append(int(c.weight_version))
@@ -160,8 +157,7 @@ class RolloutProducer:
         s = self.servers
         self.gate = ServerGate({u: s.version.get(u) for u in s.urls}, down=self._down, drained=self.pause == "drain")
         self.backend = s.backend(self.gate)
-        headers = {"Authorization": f"Bearer {s.api_key}"} if s.api_key else {}
-        self.http = httpx.AsyncClient(timeout=s.cfg.timeout_s, headers=headers)
+        self.http = s.async_client()
         self.readers: dict[str, Any] = {}
         self.tasks: set[asyncio.Task] = set()
         self.restarting: dict[str, asyncio.Task] = {}
@@ -237,27 +233,12 @@ class RolloutProducer:
             self.changed.clear()
             await self.changed.wait()
 
-    async def _post(self, url: str, path: str, **kw) -> dict:
-        r = await self.http.post(url + path, **kw)
-        if r.status_code >= 400:
-            raise BackendError(f"{url}{path} answered HTTP {r.status_code}: {r.text[:300]}")
-        return r.json() if r.content else {}
-
     async def _sync_one(self, url: str, weights: Path, version: str) -> None:
         """close → (drain) → pause → reload → version → resume → open."""
         self.gate.close(url)
         if self.pause == "drain":
             await self.gate.drain(url)
-        await self._post(url, "/pause", params={"mode": "wait" if self.pause == "drain" else "abort"})
-        try:
-            await self._post(url, "/collective_rpc", json={"method": "reload_weights",
-                                                            "kwargs": {"weights_path": str(weights)}})
-            await self._post(url, "/update_weight_version", json={"new_version": version})
-        finally:
-            await self._post(url, "/resume")
-        got = (await self.http.get(url + "/weight_info")).json().get("weight_version")
-        if str(got) != version:
-            raise BackendError(f"{url} reports weight version {got!r} after loading {version!r}")
+        await load_weights(self.http, url, weights, version, "wait" if self.pause == "drain" else "abort")
         self.servers.version[url] = version
         self.gate.reopen(url, version)
 

@@ -122,9 +122,9 @@ class RolloutServers:
         self.version: dict[str, str | None] = {u: None for u in self.urls}
         self.api_key = cfg.api_key or os.environ.get("PARAVT_API_KEY")
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        # one client per server: the servers sync on threads of their own, and a connection pool
-        # shared between those threads broke a live server's sync when another server had died
-        # (EBADF on the live one's connection)
+        # readiness checks: one client per server (an httpx.Client shared between threads, when the
+        # syncs ran on a thread per server, broke a live server's sync once another had died: EBADF);
+        # the syncs use one async client on one event loop
         self._http = {u: httpx.Client(timeout=cfg.timeout_s, headers=headers) for u in self.urls}
 
     @classmethod
@@ -202,39 +202,29 @@ class RolloutServers:
 
     # ---- weight sync
 
-    def _post(self, url: str, path: str, **kw) -> dict:
-        r = self._http[url].post(url + path, **kw)
-        if r.status_code >= 400:
-            raise BackendError(f"{url}{path} answered HTTP {r.status_code}: {r.text[:300]}")
-        return r.json() if r.content else {}
+    def async_client(self) -> httpx.AsyncClient:
+        """A client for the RL endpoints (the API key, the call timeout)."""
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        return httpx.AsyncClient(timeout=self.cfg.timeout_s, headers=headers)
 
-    def _sync_one(self, url: str, weights: Path, version: str) -> None:
-        if self.dead(url):  # started here and died: start it again on these weights
-            self.weights, self.current = weights, version
-            self.relaunch(url)
-        self._post(url, "/pause", params={"mode": "wait"})
-        try:
-            self._post(url, "/collective_rpc", json={"method": "reload_weights",
-                                                      "kwargs": {"weights_path": str(weights)}})
-            self._post(url, "/update_weight_version", json={"new_version": version})
-        finally:
-            self._post(url, "/resume")
-        got = self._http[url].get(url + "/weight_info").json().get("weight_version")
-        if str(got) != version:
-            raise BackendError(f"{url} reports weight version {got!r} after loading {version!r}")
+    async def _sync_one(self, http: httpx.AsyncClient, url: str, weights: Path, version: str) -> None:
+        if self.dead(url):  # started here and died: start it again on the new weights
+            await asyncio.to_thread(self.relaunch, url)
+        await load_weights(http, url, weights, version)
         self.version[url] = version
 
     def sync(self, weights: Path, version: str) -> float:
         """Every server loads `weights` and takes `version`; a server that fails is dropped (its
         requests go to the others). Returns the seconds it took; raises when no server is left."""
         t0 = time.perf_counter()
+        self.weights, self.current = weights, version
 
         async def all_servers():
-            return await asyncio.gather(*[asyncio.to_thread(self._sync_one, u, weights, version) for u in self.urls],
-                                        return_exceptions=True)
+            async with self.async_client() as http:
+                return await asyncio.gather(*[self._sync_one(http, u, weights, version) for u in self.urls],
+                                            return_exceptions=True)
 
         errors = {u: e for u, e in zip(list(self.urls), asyncio.run(all_servers())) if isinstance(e, BaseException)}
-        self.weights, self.current = weights, version
         for u, e in errors.items():
             print(f"rollout server {u} dropped: weight sync failed ({e})", file=sys.stderr)
             self.urls.remove(u)
@@ -252,6 +242,26 @@ class RolloutServers:
                 p.wait(30)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+async def load_weights(http: httpx.AsyncClient, url: str, weights: Path, version: str, pause: str = "wait") -> None:
+    """The RL API's weight update on one server (module docstring): POST /pause?mode=`pause`,
+    /collective_rpc reload_weights, /update_weight_version, then /resume whatever happened; GET
+    /weight_info must then report `version`."""
+    async def post(path: str, **kw) -> None:
+        r = await http.post(url + path, **kw)
+        if r.status_code >= 400:
+            raise BackendError(f"{url}{path} answered HTTP {r.status_code}: {r.text[:300]}")
+
+    await post("/pause", params={"mode": pause})
+    try:
+        await post("/collective_rpc", json={"method": "reload_weights", "kwargs": {"weights_path": str(weights)}})
+        await post("/update_weight_version", json={"new_version": version})
+    finally:
+        await post("/resume")
+    got = (await http.get(url + "/weight_info")).json().get("weight_version")
+    if str(got) != version:
+        raise BackendError(f"{url} reports weight version {got!r} after loading {version!r}")
 
 
 def _launch(cfg: RolloutConfig, model: str, how: dict, append: bool = False) -> subprocess.Popen:
@@ -293,7 +303,6 @@ class ServerGate:
             e.set()
         self._changed = asyncio.Event()
         self._down = down  # async (url) -> bool: the server died (and is being started again)
-        self.inflight = 0
         self.drained_calls = 0  # calls a sync let end on the old weights before pausing
         self.busy_s = 0.0
         self._busy_since: float | None = None
@@ -315,19 +324,17 @@ class ServerGate:
 
     async def enter(self, url: str) -> tuple[str | None, int]:
         await self._open[url].wait()
-        if self.inflight == 0:
+        if not any(self._calls.values()):
             self._busy_since = time.perf_counter()
-        self.inflight += 1
         self._calls[url] += 1
         self._idle[url].clear()
         return self.version[url], self._epoch[url]
 
     def leave(self, url: str) -> None:
-        self.inflight -= 1
         self._calls[url] -= 1
         if self._calls[url] == 0:
             self._idle[url].set()
-        if self.inflight == 0 and self._busy_since is not None:
+        if not any(self._calls.values()) and self._busy_since is not None:
             self.busy_s += time.perf_counter() - self._busy_since
             self._busy_since = None
 
