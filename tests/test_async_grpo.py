@@ -75,7 +75,7 @@ class _Servers:
         self.urls, self.version, self.api_key, self.launched, self.restarts = ["http://a"], {"http://a": "0"}, None, {}, 0
         self.cfg = RolloutConfig()
 
-    def backend(self, gate):
+    def backend(self, gate, down=None):
         class B:
             resent = 0
 
@@ -252,7 +252,7 @@ def test_async_grpo_bounds_staleness_survives_a_killed_server_and_resumes(mini_s
             while not (log.exists() and len(log.read_text().splitlines()) >= kill_after):
                 assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:]
                 time.sleep(0.2)
-            os.kill(int((out / "servers" / "server_0.pid").read_text()), signal.SIGKILL)
+            os.killpg(json.loads((out / "servers" / "server_0.pid").read_text())["pgid"], signal.SIGKILL)
         text, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0, text[-3000:]
         return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]

@@ -358,3 +358,75 @@ def test_every_call_has_an_overall_deadline(handler):
             assert time.time() - t < 10.0  # the server never finishes; slack for a loaded machine
     finally:
         stop.set()
+
+
+def _hung_while(hang: threading.Event):
+    """A server that, while `hang` is set, accepts and never answers (a stopped or deadlocked process);
+    otherwise answers every request 200 with a model list (its health check passes)."""
+    def handler(conn, stop):
+        conn.settimeout(0.2)
+        try:
+            while not stop.is_set():
+                try:
+                    if not conn.recv(65536):
+                        return
+                except OSError:
+                    continue
+                if hang.is_set():
+                    continue
+                body = b'{"data": [{"id": "m"}]}'
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                             + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+                return
+        finally:
+            conn.close()
+    return handler
+
+
+def test_a_hung_endpoint_is_routed_around_then_taken_back(monkeypatch):
+    """One of two endpoints hangs: the calls in flight on it go on to the other when their deadline
+    passes, no new call goes to it while it is out of the rotation, and it comes back once it answers
+    its health check. Every call succeeds."""
+    import paravt.backends.openai as O
+
+    monkeypatch.setattr(O, "PROBE_S", 0.3)
+    hang = threading.Event()
+    hang.set()
+    hung, stop = _raw_server(_hung_while(hang))
+    b = FakeBackend(delay_s=0.05)
+    try:
+        with Server(create_app(b, "m")) as s:
+            be = OpenAIBackend(hung, endpoints=[hung, s.url], model="m", timeout_s=1.0, concurrency=2, backoff_s=0.01)
+            t = time.time()
+            outs = asyncio.run(be.generate([GenerateRequest(msgs(1)) for _ in range(12)]))
+            assert all(o.served_by == s.url for o in outs) and len(b.seen) == 12
+            assert be.requests_sent[hung + "/v1"] <= 2  # one deadline per call in flight on it, not one per call
+            assert time.time() - t < 8  # 12 calls one after the other on the hung one would take 12 s
+            assert [(e["endpoint"], e["event"]) for e in be.endpoint_events] == [(hung, "out")]
+            assert "no answer within 1 s" in be.endpoint_events[0]["why"]
+
+            async def later():  # a new event loop: the endpoint is still out and is checked from here
+                outs = await be.generate([GenerateRequest(msgs(1)) for _ in range(4)])
+                hang.clear()
+                await asyncio.sleep(1.5)
+                return outs
+
+            sent = be.requests_sent[hung + "/v1"]
+            assert all(o.served_by == s.url for o in asyncio.run(later()))
+            assert be.requests_sent[hung + "/v1"] == sent  # nothing sent to it while it was out
+            assert [e["event"] for e in be.endpoint_events] == ["out", "back"] and not be.out_of_rotation
+    finally:
+        stop.set()
+
+
+def test_a_call_fails_only_when_no_endpoint_answers():
+    urls, stops = zip(*[_raw_server(_silent) for _ in range(2)])
+    try:
+        be = OpenAIBackend(urls[0], endpoints=list(urls), model="m", timeout_s=0.5, backoff_s=0.01)
+        t = time.time()
+        with pytest.raises(BackendError, match=rf"no answer from {urls[0]} and {urls[1]} within 0.5 s"):
+            asyncio.run(be.generate([GenerateRequest(msgs(1))]))
+        assert time.time() - t < 5
+    finally:
+        for stop in stops:
+            stop.set()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -16,6 +17,7 @@ import torch
 
 from paravt.ask import DEFAULT_MODEL
 from paravt.backends.base import GenerateRequest
+from paravt.procs import wait_port_free
 from paravt.train.rollout import RolloutConfig, RolloutServers, write_sync_weights
 
 pytestmark = pytest.mark.slow
@@ -112,8 +114,9 @@ def test_a_dead_server_is_routed_around_then_started_again_and_a_given_one_dropp
     cfg = RolloutConfig(engine="servers", launch="paravt", devices=["cpu", "cpu"], start_timeout_s=300)
     pair = RolloutServers.start(cfg, str(DEFAULT_MODEL), tmp_path / "logs")
     try:
-        pair.procs[1].kill()
+        os.killpg(pair.procs[1].pid, signal.SIGKILL)  # the server's process group: its guard, it, its children
         pair.procs[1].wait()
+        assert wait_port_free(pair.launched[pair.urls[1]]["port"])
         backend = pair.backend()
         backend.backoff_s = 0.01
         outs = asyncio.run(backend.generate([request() for _ in range(4)]))
@@ -122,7 +125,7 @@ def test_a_dead_server_is_routed_around_then_started_again_and_a_given_one_dropp
         weights = write_sync_weights(init_engine("single", "cpu"), model, processor, tmp_path, "1")
         pair.sync(weights, "1")
         assert len(pair.urls) == 2 and pair.restarts == 1 and pair.version == {u: "1" for u in pair.urls}
-        assert int((tmp_path / "logs" / "server_1.pid").read_text()) == pair.procs[1].pid
+        assert json.loads((tmp_path / "logs" / "server_1.pid").read_text())["pid"] == pair.procs[1].pid
         assert served(pair, pair.urls[1]).token_ids  # the started-again server answers
     finally:
         pair.close()

@@ -441,10 +441,12 @@ async def _episode(backend: Backend, reader: VideoReader, question: str, cfg: Ep
                               prefix=prefix, seed=None if cfg.seed is None else cfg.seed + turn_index, role="main")
         emit("turn_started", {"turn": turn_index, "forced_answer": forced})
         started = now()
+        # a backend over several servers gives each server it waits on a deadline of its own
+        limit = max(cfg.model_timeout_s, getattr(backend, "call_deadline_s", 0.0))
         try:
-            completion = (await asyncio.wait_for(backend.generate([req]), cfg.model_timeout_s))[0]
+            completion = (await asyncio.wait_for(backend.generate([req]), limit))[0]
         except asyncio.TimeoutError:
-            raise BackendError(f"the main agent's model gave no answer within {cfg.model_timeout_s:g} s "
+            raise BackendError(f"the main agent's model gave no answer within {limit:g} s "
                                "(model_timeout_s / --timeout)") from None
         gen = _record(completion, prefix, started, now(), req.messages)
         turn = P.parse(completion.text, prefix=prefix)

@@ -245,13 +245,29 @@ _OVERRIDE = typer.Option([], "--override", "--set", "-o",
                          help="Override a config key, dotted for sections: -o steps=10 -o episode.max_turns=2")
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that a run ends as on Ctrl-C: its servers stopped."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise _Terminated()
+
+
 def _train(kind: str, config: str | None, overrides: list[str]) -> None:
     from paravt.train import run_training
 
     import os
+    import signal
 
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:  # torchrun manages its own processes' signals
+        signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         last = run_training(kind, config, overrides)
+    except (KeyboardInterrupt, _Terminated) as e:
+        why = "SIGTERM" if isinstance(e, _Terminated) else "interrupted"
+        typer.secho(f"{why}: the run stopped, and the servers it started with it; its last checkpoint is kept: "
+                    "rerun the same command to resume", fg=typer.colors.YELLOW, err=True)
+        raise typer.Exit(143 if isinstance(e, _Terminated) else 130) from None
     except Exception as e:  # noqa: BLE001 - a long job's failure is one line; PARAVT_TRACEBACK=1 shows the stack
         if os.environ.get("PARAVT_TRACEBACK"):
             raise

@@ -12,7 +12,10 @@ What goes over the wire, and why:
 - Concurrency: at most `concurrency` requests in flight per endpoint. With several endpoints
   (data-parallel servers) each request goes to the endpoint with the fewest requests in
   flight, ties broken round-robin; a retry after a failure goes to another endpoint if there
-  is one, so one dead replica does not fail an evaluation.
+  is one, so one dead replica does not fail an evaluation. An endpoint that does not answer (no
+  connection, or no answer within the deadline: a hung server accepts connections and never
+  answers) is taken out of the rotation until it answers GET /health again (`endpoint_events`
+  records both), so a stuck replica costs one deadline per call in flight on it, not one per call.
 - Retries with exponential backoff (and jitter) on connection errors, timeouts, 429 and 5xx;
   any other 4xx is a `BackendError` at once, with the status and the server's message.
 - Server extensions (on by default; `server_extensions=False` for servers that reject unknown
@@ -39,7 +42,11 @@ What goes over the wire, and why:
   completion comes from one version and `Completion.weight_version` names it.
 - Deadlines: `timeout_s` bounds one request from its first byte sent to its answer, retries and
   the model lookup included (a server that accepts connections and never answers, or trickles
-  one byte at a time, fails within it, with a clear error).
+  one byte at a time, fails within it, with a clear error). A request whose server let the
+  deadline pass goes on to another endpoint, with a deadline of its own; it fails when no endpoint
+  it has not waited on is left.
+- `down(url, why)` (the trainer's launched rollout servers): asked after a failed call; when it
+  found the server dead or hung and started it again, the call is sent again.
 
 Assistant messages are sent as text (`Message.token_ids` is ignored): a server re-tokenizes
 them, so token-exact multi-turn training sequences come from the server's own ids
@@ -56,6 +63,7 @@ import itertools
 import json
 import random
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -63,6 +71,9 @@ import httpx
 import numpy as np
 
 from paravt.backends.base import BackendError, Completion, GenerateRequest, ImagePart, Message, TextPart
+
+PROBE_S = 5.0  # a server out of the rotation is asked GET /health this often (at most the call timeout)
+STALL_S = 30.0  # a call waiting this long (at most timeout/3) asks its server's GET /health; none: it hangs
 
 
 def image_data_url(image: np.ndarray, fmt: str = "png", quality: int = 90) -> str:
@@ -140,11 +151,14 @@ def to_openai_messages(messages: list[Message], prefix: str = "", image_format: 
 
 
 class _Retryable(Exception):
-    """A failure worth another try (connection error, timeout, 429, 5xx)."""
+    """A failure worth another try (connection error, timeout, 429, 5xx). `unreachable`: no HTTP
+    answer came (the server may be gone or hung); `timed_out`: none came in time."""
 
-    def __init__(self, message: str, wait_s: float = 0.0):
+    def __init__(self, message: str, wait_s: float = 0.0, unreachable: bool = False, timed_out: bool = False):
         super().__init__(message)
         self.wait_s = wait_s
+        self.unreachable = unreachable or timed_out
+        self.timed_out = timed_out
 
 
 class _Cut(Exception):
@@ -161,6 +175,9 @@ class _LoopState:
     sem: asyncio.Semaphore
     model_lock: asyncio.Lock
     inflight: dict[str, int] = field(default_factory=dict)
+    probes: dict[str, asyncio.Task] = field(default_factory=dict)  # health checks of servers out of the rotation
+    health: httpx.AsyncClient | None = None  # for health checks: never queued behind the calls' connections
+    checked: dict[str, tuple[float, bool]] = field(default_factory=dict)  # endpoint -> (when, healthy)
 
 
 class OpenAIBackend:
@@ -171,7 +188,7 @@ class OpenAIBackend:
     def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None, concurrency: int = 8,
                  timeout_s: float = 600.0, max_retries: int = 4, endpoints: list[str] | None = None, *,
                  backoff_s: float = 0.5, logprobs: bool = True, image_format: str = "png",
-                 server_extensions: bool = True, gate=None, banned_ids: list[int] | None = None):
+                 server_extensions: bool = True, gate=None, banned_ids: list[int] | None = None, down=None):
         urls = list(endpoints) if endpoints else [base_url]
         if not urls or not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls):
             raise BackendError(f"server URLs must start with http:// or https://, got {urls!r}")
@@ -197,6 +214,16 @@ class OpenAIBackend:
         self.banned_ids = list(banned_ids or [])  # never to be sampled (logit_bias −100)
         self.gate = gate  # train.rollout.ServerGate: weight versions, servers closed for a sync or restart
         self.resent = 0  # generations cut by a weight update or a server's death and sent again
+        # async (url, why) -> bool, asked after a failed call: True when the server was found dead or
+        # hung and started again (the trainer's launched servers), so the call is sent again
+        self.down = down
+        self.out_of_rotation: dict[str, str] = {}  # endpoint -> why it was taken out (no answer)
+        self.endpoint_events: list[dict] = []  # servers taken out of the rotation and back, in order
+
+    @property
+    def call_deadline_s(self) -> float:
+        """The longest a call can take (without a weight gate): a deadline on each server it may wait on."""
+        return self.timeout_s * len(self.endpoints)
 
     def forget_model(self, url: str) -> None:
         """Look the served model id of `url` up again (a server started again may serve another name)."""
@@ -216,13 +243,21 @@ class OpenAIBackend:
             # A global bound of concurrency x endpoints plus least-busy picking keeps every
             # endpoint at <= concurrency in flight without committing a waiting request to one.
             self._state = _LoopState(loop, client, asyncio.Semaphore(self.concurrency * len(self.endpoints)),
-                                     asyncio.Lock(), {u: 0 for u in self.endpoints})
+                                     asyncio.Lock(), {u: 0 for u in self.endpoints},
+                                     health=httpx.AsyncClient(headers=headers))
+            for url in self.out_of_rotation:  # taken out on an earlier loop: checked from this one now
+                self._ensure_probe(self._state, url)
         return self._state
 
-    def _pick(self, st: _LoopState, avoid: str | None, among: list[str] | None = None) -> str:
-        """Least busy endpoint, ties round-robin; `avoid` (the one that just failed) only if it is the only one."""
+    def _pick(self, st: _LoopState, avoid: str | None, among: list[str] | None = None,
+              waited: set[str] | frozenset = frozenset()) -> str:
+        """Least busy endpoint in the rotation, ties round-robin; `avoid` (the one that just failed)
+        only if it is the only one; `waited` (servers this call waited on in vain) and servers out of
+        the rotation only if nothing else is left."""
         among = among or self.endpoints
-        candidates = [u for u in among if u != avoid] or among
+        fresh = [u for u in among if u not in waited] or among
+        live = [u for u in fresh if u not in self.out_of_rotation] or fresh
+        candidates = [u for u in live if u != avoid] or live
         start = next(self._rr) % len(candidates)
         rotated = candidates[start:] + candidates[:start]
         return min(rotated, key=lambda u: st.inflight[u])
@@ -232,9 +267,9 @@ class OpenAIBackend:
         try:
             r = await st.client.request(method, url, json=body)
         except httpx.TimeoutException as e:
-            raise _Retryable(f"no answer within {self.timeout_s:g} s ({type(e).__name__})") from None
+            raise _Retryable(f"no answer within {self.timeout_s:g} s ({type(e).__name__})", timed_out=True) from None
         except httpx.TransportError as e:
-            raise _Retryable(f"{type(e).__name__}: {e}") from None
+            raise _Retryable(f"{type(e).__name__}: {e}", unreachable=True) from None
         if r.status_code >= 400:
             msg = _error_message(r)
             if r.status_code == 429 or r.status_code >= 500:
@@ -290,23 +325,22 @@ class OpenAIBackend:
     async def _one(self, req: GenerateRequest) -> Completion:
         st = self._loop_state()
         body = await self._body(req)
-        tried: list[str] = []
         async with st.sem:  # waiting for a free slot does not count against the deadline
-            if self.gate is not None:  # waits for syncs and restarts: each HTTP call keeps its own timeout
-                return await self._attempts(st, body, req.prefix, tried)
-            try:
-                return await asyncio.wait_for(self._attempts(st, body, req.prefix, tried), self.timeout_s)
-            except asyncio.TimeoutError:
-                where = " and ".join(dict.fromkeys(u.removesuffix("/v1") for u in tried)) or self.endpoints[0]
-                raise BackendError(f"no answer from {where} within {self.timeout_s:g} s "
-                                   f"({len(tried)} tries; raise the limit with --timeout)") from None
+            return await self._attempts(st, body, req.prefix)
 
-    async def _attempts(self, st: _LoopState, body: dict, prefix: str, tried: list[str]) -> Completion:
-        """Up to 1 + max_retries tries, each on the least busy endpoint but the one that just failed,
-        with backoff. Through the weight gate (when there is one): only on open servers, the
-        completion tagged with the version its server held, and a generation cut by a sync or a
-        restart sent again without counting as a failure."""
+    async def _attempts(self, st: _LoopState, body: dict, prefix: str) -> Completion:
+        """Up to 1 + max_retries tries, each on the least busy endpoint in rotation but the one that
+        just failed, with backoff, under a deadline of `timeout_s` (the model lookup and the retries
+        included). A server that does not answer within it is taken out of the rotation, and the
+        call goes on to another with a deadline of its own; it fails when no server it has not yet
+        waited on is left. Through the weight gate (when there is one): only on open servers, each
+        try its own deadline, the completion tagged with the version its server held, and a
+        generation cut by a sync or a restart sent again without counting as a failure. A failure
+        after which `down(url, why)` says the server was started again is sent again too."""
         gate, failures, last, failed = self.gate, 0, "", None
+        tried: list[str] = []
+        timed_out: set[str] = set()
+        deadline: float | None = None
         while True:
             among = None
             if gate is not None:
@@ -314,15 +348,16 @@ class OpenAIBackend:
                 if not among:
                     await gate.wait_open()
                     continue
-            url = self._pick(st, failed, among)
+            url = self._pick(st, failed, among, timed_out)
             base = url.removesuffix("/v1")
             tried.append(url)
             version, epoch = await gate.enter(base) if gate is not None else (None, 0)
+            if deadline is None or gate is not None:
+                deadline = st.loop.time() + self.timeout_s
             st.inflight[url] += 1
             self.requests_sent[url] += 1
             try:
-                body["model"] = await self._model_for(st, url)
-                data = await self._call(st, "POST", url + "/chat/completions", body)
+                data = await self._watched(st, url, self._try(st, url, body), deadline)
                 c = _completion(data, prefix, url)
                 if gate is not None and (c.finish_reason == "abort" or not gate.valid(base, epoch)):
                     raise _Cut()  # cut by the pause (vLLM), or ended across a sync that cut generations
@@ -331,21 +366,114 @@ class OpenAIBackend:
             except _Cut:
                 self.resent += 1
                 continue
-            except _Retryable as e:
-                if gate is not None and (gate.epoch(base) != epoch or await gate.down(base)
-                                         or "weight update" in str(e)):
-                    self.resent += 1  # paused, synced or restarted under it
+            except (_Retryable, asyncio.TimeoutError) as e:
+                why = str(e) if isinstance(e, _Retryable) else f"no answer within {self.timeout_s:g} s"
+                no_answer = isinstance(e, asyncio.TimeoutError) or e.timed_out
+                if no_answer or e.unreachable:
+                    self._take_out(st, url, why)
+                if await self._sent_again(base, epoch, why):
+                    self.resent += 1  # paused, synced or started again under it
+                    deadline = None
                     continue
                 failures += 1
-                last, failed = str(e), url
+                last, failed = why, url
+                where = " and ".join(dict.fromkeys(u.removesuffix("/v1") for u in tried))
+                if no_answer or deadline - st.loop.time() <= 0:
+                    timed_out.add(url)
+                    if not [u for u in (among or self.endpoints) if u not in timed_out]:
+                        raise BackendError(f"no answer from {where} within {self.timeout_s:g} s "
+                                           f"({len(tried)} tries; raise the limit with --timeout)") from None
+                    deadline = None  # another server, with a deadline of its own
+                    continue
                 if failures > self.max_retries:
-                    where = " and ".join(dict.fromkeys(u.removesuffix("/v1") for u in tried))
                     raise BackendError(f"server at {where} unreachable after {len(tried)} tries (last: {last})") from None
-                await asyncio.sleep(max(e.wait_s, self.backoff_s * (2 ** (failures - 1)) * (0.5 + random.random())))
+                wait = max(getattr(e, "wait_s", 0.0), self.backoff_s * (2 ** (failures - 1)) * (0.5 + random.random()))
+                await asyncio.sleep(min(wait, max(deadline - st.loop.time(), 0.0)))
             finally:
                 st.inflight[url] -= 1
                 if gate is not None:
                     gate.leave(base)
+
+    async def _try(self, st: _LoopState, url: str, body: dict) -> dict:
+        body["model"] = await self._model_for(st, url)
+        return await self._call(st, "POST", url + "/chat/completions", body)
+
+    async def _watched(self, st: _LoopState, url: str, attempt, deadline: float) -> dict:
+        """`attempt` (one try on `url`) until `deadline` (asyncio.TimeoutError after it). Every
+        STALL_S (at most a third of the deadline) of waiting, the server is asked GET /health: a server that does not answer it hangs
+        (a stopped process, a deadlock), and the try ends as a timeout at once, long before a
+        generous deadline (600 s by default) would end it; a busy server answers and is waited for."""
+        task = asyncio.ensure_future(attempt)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved, however the wait ended
+        start = st.loop.time()
+        try:
+            while True:
+                left = deadline - st.loop.time()
+                every = min(STALL_S, self.timeout_s / 3)
+                done, _ = await asyncio.wait({task}, timeout=max(min(every, left), 0.0))
+                if done:
+                    return task.result()
+                if left <= every:
+                    raise asyncio.TimeoutError()
+                if not await self._healthy(st, url, min(PROBE_S, self.timeout_s), cached=every / 2):
+                    raise _Retryable(f"no answer within {st.loop.time() - start:.0f} s, nor to its health check",
+                                     timed_out=True)
+        finally:
+            if not task.done():
+                task.cancel()
+
+    async def _sent_again(self, base: str, epoch: int, why: str) -> bool:
+        """Whether a failed call is sent again without counting as a failure: its server was synced
+        or paused under it (the gate), or `down` started it again."""
+        gate = self.gate
+        if gate is not None and (gate.epoch(base) != epoch or "weight update" in why):
+            return True
+        return bool(self.down is not None and await self.down(base, why))
+
+    # ---- servers taken out of the rotation
+
+    def _take_out(self, st: _LoopState, url: str, why: str) -> None:
+        """`url` did not answer: no new call goes there while another server is in the rotation, until
+        it answers a health check (probed every few seconds on this event loop)."""
+        if len(self.endpoints) < 2 or url in self.out_of_rotation:
+            return
+        self.out_of_rotation[url] = why
+        self.endpoint_events.append({"endpoint": url.removesuffix("/v1"), "event": "out", "why": why,
+                                     "time": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        self._ensure_probe(st, url)
+
+    def _ensure_probe(self, st: _LoopState, url: str) -> None:
+        task = st.probes.get(url)
+        if task is None or task.done():
+            st.probes[url] = st.loop.create_task(self._probe(st, url))
+
+    async def _probe(self, st: _LoopState, url: str) -> None:
+        every = min(PROBE_S, self.timeout_s)
+        while url in self.out_of_rotation:
+            await asyncio.sleep(every)
+            if await self._healthy(st, url, every):
+                self.out_of_rotation.pop(url, None)
+                self.endpoint_events.append({"endpoint": url.removesuffix("/v1"), "event": "back",
+                                             "time": time.strftime("%Y-%m-%dT%H:%M:%S")})
+
+    async def _healthy(self, st: _LoopState, url: str, timeout_s: float, cached: float = 0.0) -> bool:
+        """GET /health (vLLM, SGLang, paravt serve), else GET /v1/models: any answer but 5xx. An
+        answer younger than `cached` seconds is reused (every call waiting on a server asks)."""
+        when, ok = st.checked.get(url, (-1e9, False))
+        if st.loop.time() - when < cached:
+            return ok
+        ok = False
+        base = url.removesuffix("/v1")
+        for probe in (base + "/health", url + "/models"):
+            try:
+                r = await st.health.get(probe, timeout=timeout_s)
+            except httpx.HTTPError:
+                break
+            if r.status_code != 404:
+                ok = r.status_code < 500
+                break
+        st.checked[url] = (st.loop.time(), ok)
+        return ok
 
     async def generate(self, requests: list[GenerateRequest]) -> list[Completion]:
         return list(await asyncio.gather(*[self._one(r) for r in requests]))
@@ -353,7 +481,10 @@ class OpenAIBackend:
     async def aclose(self) -> None:
         st, self._state = self._state, None
         if st is not None and not st.loop.is_closed():
+            for task in st.probes.values():
+                task.cancel()
             try:
+                await st.health.aclose()
                 await st.client.aclose()
             except RuntimeError:  # closed from another loop than the one that opened it
                 pass

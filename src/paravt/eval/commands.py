@@ -81,7 +81,7 @@ def eval_command(*, bench: str, data: str, videos: str | None, model: str | None
 
     from paravt.backends.base import BackendError
     from paravt.eval.benchmarks import BenchmarkError, load_benchmark
-    from paravt.eval.metrics import summary_tables
+    from paravt.eval.metrics import endpoint_lines, score_line, summary_tables
     from paravt.eval.runner import EvalAborted, ManifestMismatch, OutputError, eval_config, run_eval_async
     from paravt.models import ModelLoadError
     from paravt.rewards import RewardConfig
@@ -133,6 +133,9 @@ def eval_command(*, bench: str, data: str, videos: str | None, model: str | None
         _fail(str(e))  # OutputError: "<path>: <cause>"; every row written so far is kept
     for t in summary_tables(summary, f"{bench} · {mode} · {out}"):
         console.print(t)
+    console.print(score_line(summary), style="bold", markup=False, highlight=False)
+    for line in endpoint_lines(summary):
+        console.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
     console.print(f"[dim]{out}/results.jsonl, summary.json, summary.md[/dim]")
     for line in error_report(summary):
         console.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)

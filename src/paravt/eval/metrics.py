@@ -125,14 +125,34 @@ def _fmt(v) -> str:
 
 
 def flat_items(summary: dict) -> list[tuple[str, str]]:
-    return [(k, _fmt(v)) for k, v in summary.items() if not isinstance(v, dict)]
+    return [(k, _fmt(v)) for k, v in summary.items() if not isinstance(v, (dict, list))]
+
+
+def score_line(summary: dict, bold: str = "") -> str:
+    """The headline with what it is over: 'accuracy: 66.67 over 6 samples, 2 of them failed (scored 0)'
+    (or '..., no errors'); `bold` wraps the headline (markdown's '**'). A score that counts failures as
+    wrong answers must say so where it is read."""
+    name, value = headline(summary)
+    n, errors = summary.get("n", 0), summary.get("errors", 0)
+    failed = f"{errors} of them failed (scored 0)" if errors else "no errors"
+    return f"{bold}{name}: {value:.2f}{bold} over {n} sample{'s' if n != 1 else ''}, {failed}"
+
+
+def endpoint_lines(summary: dict) -> list[str]:
+    """Model servers taken out of the rotation during the run (no answer), and whether they came back."""
+    lines = []
+    for e in summary.get("endpoint_events") or []:
+        if e.get("event") == "out":
+            lines.append(f"{e['endpoint']} was taken out of the rotation at {e.get('time', '?')} ({e.get('why', '')})")
+        else:
+            lines.append(f"{e['endpoint']} answered its health check again at {e.get('time', '?')}: back in the rotation")
+    return lines
 
 
 def markdown(summary: dict, title: str) -> str:
-    name, value = headline(summary)
-    counts = f"(n = {summary.get('n', 0)}, errors = {summary.get('errors', 0)})"
-    lines = [f"# {title}", "", f"**{name}: {value:.2f}** {counts}",
-             "", "| metric | value |", "|---|---|"]
+    lines = [f"# {title}", "", score_line(summary, bold="**")]
+    lines += [f"- {line}" for line in endpoint_lines(summary)]
+    lines += ["", "| metric | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in flat_items(summary)]
     for key, groups in summary.items():
         if key.startswith("by_") and isinstance(groups, dict):
@@ -145,8 +165,7 @@ def summary_tables(summary: dict, title: str) -> list:
     """Rich tables: the metrics, then one per breakdown."""
     from rich.table import Table
 
-    name, value = headline(summary)
-    main = Table(title=f"{title} · {name} {value:.2f}")
+    main = Table(title=f"{title} · {score_line(summary)}")
     main.add_column("metric")
     main.add_column("value", justify="right")
     for k, v in flat_items(summary):

@@ -490,12 +490,14 @@ async def run_eval_async(
     if state["backend_fail_streak"] >= max_consecutive_backend_errors:
         raise EvalAborted(f"the model failed on {state['backend_fail_streak']} samples in a row (last: "
                           f"{state['last_error']}); results so far are in {results}; rerun to resume")
-    return write_summary(out, [s.id for s in targets], bench=bench, missing=len(missing))
+    events = [e for b in pool.backends for e in getattr(b, "endpoint_events", [])]
+    return write_summary(out, [s.id for s in targets], bench=bench, missing=len(missing), endpoint_events=events)
 
 
 def write_summary(out: str | Path, ids: Sequence[str] | None = None, bench: str | None = None,
-                  missing: int | None = None) -> dict:
-    """Summarise results.jsonl (the latest row of each id in `ids`, or all) into summary.json/md."""
+                  missing: int | None = None, endpoint_events: list[dict] | None = None) -> dict:
+    """Summarise results.jsonl (the latest row of each id in `ids`, or all) into summary.json/md;
+    `endpoint_events`: model servers this run took out of the rotation (and back), named in both."""
     out = Path(out)
     rows_by_id = latest_rows(read_results(out / RESULTS, repair=False))
     rows = [rows_by_id[i] for i in ids if i in rows_by_id] if ids is not None else list(rows_by_id.values())
@@ -508,6 +510,8 @@ def write_summary(out: str | Path, ids: Sequence[str] | None = None, bench: str 
         summary["pending"] = len(ids) - len(rows)
     if missing is not None:
         summary["missing_videos"] = missing
+    if endpoint_events:
+        summary["endpoint_events"] = endpoint_events
     write_text(out / "summary.json", json.dumps(summary, indent=1, sort_keys=True))
     write_text(out / "summary.md", markdown(summary, f"{bench or 'eval'} · {out.name}"))
     return summary

@@ -19,8 +19,9 @@ Every model call goes through the `ServerGate` (train.rollout), which tags it wi
 the server that generated it. The sync after an update runs on this loop, while the trainer goes
 on: close the server's gate (new calls wait), let this client's calls in flight end on the old
 weights (`sync_pause: drain`; `abort` cuts them instead and they are sent again), POST /pause,
-reload, set the version, resume, open the gate. A launched server that dies is started again on the
-newest weights, and its requests wait for it (or go to another). A failed episode drops its group.
+reload, set the version, resume, open the gate. A launched server that dies, or hangs (a call's
+deadline passed and it fails its health check), is stopped whole and started again on the newest
+weights, and its requests wait for it (or go to another). A failed episode drops its group.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from paravt.backends.base import BackendError
-from paravt.train.rollout import RolloutServers, ServerGate, load_weights
+from paravt.train.rollout import RolloutServers, ServerGate, describe, load_weights
 
 
 @dataclass
@@ -155,8 +156,8 @@ class RolloutProducer:
 
     async def _setup(self) -> None:
         s = self.servers
-        self.gate = ServerGate({u: s.version.get(u) for u in s.urls}, down=self._down, drained=self.pause == "drain")
-        self.backend = s.backend(self.gate)
+        self.gate = ServerGate({u: s.version.get(u) for u in s.urls}, drained=self.pause == "drain")
+        self.backend = s.backend(self.gate, down=self._down)
         self.http = s.async_client()
         self.readers: dict[str, Any] = {}
         self.tasks: set[asyncio.Task] = set()
@@ -251,8 +252,8 @@ class RolloutProducer:
         for u, e in zip(live, results):
             if not isinstance(e, BaseException):
                 continue
-            if u in s.launched:  # it died under the sync: start it again on these weights
-                self._restart(u)
+            if u in s.launched:  # it died or hung under the sync: start it again on these weights
+                self._restart(u, f"the weight sync failed ({describe(e, s.cfg.timeout_s)})", checked=False)
             else:
                 print(f"rollout server {u} dropped: weight sync failed ({e})", file=sys.stderr)
                 s.urls.remove(u)
@@ -280,14 +281,18 @@ class RolloutProducer:
         self.version = version
         self.changed.set()
 
-    def _restart(self, url: str) -> None:
+    def _restart(self, url: str, why: str | None = None, checked: bool = True) -> None:
+        """Start `url` again in the background; `why` was found by `servers.failure` (checked) or is
+        what failed (then the server is checked first, to say whether it died or hangs)."""
         if url not in self.restarting:
             self.gate.close(url)
-            self.restarting[url] = asyncio.ensure_future(self._relaunch(url))
+            self.restarting[url] = asyncio.ensure_future(self._relaunch(url, why, checked))
 
-    async def _relaunch(self, url: str) -> None:
+    async def _relaunch(self, url: str, why: str | None, checked: bool) -> None:
         try:
-            await asyncio.to_thread(self.servers.relaunch, url)
+            if not checked:
+                why = await asyncio.to_thread(self.servers.failure, url, why) or why
+            await asyncio.to_thread(self.servers.relaunch, url, why)
             self.backend.forget_model(url)  # it serves the synced weights' directory now
             await self._sync_one(url, self.servers.weights, self.servers.current)
         except BaseException as e:  # noqa: BLE001
@@ -296,14 +301,18 @@ class RolloutProducer:
         finally:
             self.restarting.pop(url, None)
 
-    async def _down(self, url: str) -> bool:
-        """Asked by the backend after a failed call: is `url` a launched server that died?"""
+    async def _down(self, url: str, why: str) -> bool:
+        """Asked by the backend after a call to `url` failed with `why`: is it a launched server that
+        died or hangs? Then it is (being) started again, and the call is sent again."""
         if url in self.restarting:
             return True
-        if self.servers.dead(url) and self.servers.weights is not None:
-            self._restart(url)
-            return True
-        return False
+        if url not in self.servers.launched or self.servers.weights is None:
+            return False
+        reason = await asyncio.to_thread(self.servers.failure, url, f"a call failed ({why})")
+        if reason is None or url in self.restarting:
+            return reason is not None
+        self._restart(url, reason)
+        return True
 
     async def _watchdog(self) -> None:
         while True:

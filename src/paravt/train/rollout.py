@@ -21,12 +21,16 @@ training needs from a server, and where it comes from:
   with the version that generated it (`ServerGate`), a batch trained at version v holds only groups
   whose every call is at least v − s, and the sync lets the calls in flight end on the old weights
   before it pauses the server (or cuts them and sends them again), so no call mixes two versions.
-- death: a launched server that dies is started again on the newest synced weights (its requests
-  wait, then run there); servers given as URLs are dropped when they fail.
+- death and hangs: a launched server that dies, or that lets a call's deadline pass and then fails
+  a health check (GET /health; a stopped process, a deadlock, a KV cache that never drains), is
+  stopped whole (its process group: SIGTERM, then SIGKILL) and started again on its port with the
+  newest synced weights; its requests wait, then run there. Servers given as URLs are dropped when
+  they fail a sync.
 
 Servers are either given (URLs of servers a user runs, on this node or another) or started here as
-subprocesses (`launch: paravt` or `launch: vllm`, one per entry of `devices`), and stopped with the
-trainer.
+subprocesses (`launch: paravt` or `launch: vllm`, one per entry of `devices`) under a guard
+(paravt.procs) that stops each with the trainer, however the trainer ends (kill -9 included). Their
+pid files in OUT/servers let a rerun stop what a run killed with its guards left behind.
 """
 
 from __future__ import annotations
@@ -34,9 +38,9 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +48,7 @@ from pathlib import Path
 import httpx
 
 from paravt.backends.base import BackendError
+from paravt.procs import free_port, start_guarded, stop_group, stop_leftovers, wait_port_free
 
 ENGINES = ("inprocess", "servers")
 LAUNCH = ("none", "paravt", "vllm")
@@ -82,10 +87,14 @@ class RolloutConfig:
             raise ValueError("rollout.concurrency must be >= 1 and rollout.timeout_s > 0")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+HEALTH_TIMEOUT_S = 10.0  # a health check after a failed call waits at most this (or the call timeout)
+
+
+def describe(e: BaseException, timeout_s: float) -> str:
+    """An HTTP failure in words (httpx's timeouts have no message of their own)."""
+    if isinstance(e, httpx.TimeoutException):
+        return f"no answer within {timeout_s:g} s"
+    return str(e) or type(e).__name__
 
 
 def launch_command(kind: str, model: str, port: int, python: str = "", extra: list[str] | None = None,
@@ -120,6 +129,7 @@ class RolloutServers:
         self.restarts = 0
         self.banned_ids: list[int] = []  # the policy's never-sampled ids (the trainer sets them): logit_bias
         self.version: dict[str, str | None] = {u: None for u in self.urls}
+        self._restart_lock = {u: threading.Lock() for u in self.launched}
         self.api_key = cfg.api_key or os.environ.get("PARAVT_API_KEY")
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         # readiness checks: one client per server (an httpx.Client shared between threads, when the
@@ -134,9 +144,11 @@ class RolloutServers:
             return cls(cfg, list(cfg.servers))
         procs, urls, launched = [], [], {}
         log_dir.mkdir(parents=True, exist_ok=True)
+        for line in stop_leftovers(log_dir):  # an earlier run of OUT killed together with its guards
+            print(f"rollout servers: {line}", file=sys.stderr)
         try:
             for i, dev in enumerate(cfg.devices):
-                how = {"port": _free_port(), "device": dev, "log": log_dir / f"server_{i}.log", "index": i}
+                how = {"port": free_port(), "device": dev, "log": log_dir / f"server_{i}.log", "index": i}
                 procs.append(_launch(cfg, model, how))
                 urls.append(f"http://127.0.0.1:{how['port']}")
                 launched[urls[-1]] = how
@@ -145,7 +157,7 @@ class RolloutServers:
             return servers
         except BaseException:
             for p in procs:
-                p.kill()
+                stop_group(p, grace_s=2)
             raise
 
     def wait_ready(self, log_dir: Path, urls: list[str] | None = None) -> None:
@@ -166,16 +178,21 @@ class RolloutServers:
             if pending:
                 time.sleep(1)
 
-    def backend(self, gate: "ServerGate | None" = None):
+    def backend(self, gate: "ServerGate | None" = None, down=None):
         """An OpenAI backend over the live servers, asking for token ids and logprobs (through `gate`
-        for asynchronous rollouts)."""
+        for asynchronous rollouts). `down(url, why)` is asked after a failed call (default: `recover`
+        on a worker thread)."""
         from paravt.backends.openai import OpenAIBackend
 
         if not self.urls:
             raise BackendError("no rollout server is left")
+
+        async def recover(url: str, why: str) -> bool:
+            return await asyncio.to_thread(self.recover, url, why)
+
         return OpenAIBackend(self.urls[0], endpoints=self.urls, api_key=self.api_key, concurrency=self.cfg.concurrency,
                              timeout_s=self.cfg.timeout_s, logprobs=True, server_extensions=True, gate=gate,
-                             banned_ids=self.banned_ids)
+                             banned_ids=self.banned_ids, down=down or recover)
 
     # ---- launched servers that die
 
@@ -188,17 +205,68 @@ class RolloutServers:
         p = self.proc(url)
         return p is not None and p.poll() is not None
 
-    def relaunch(self, url: str) -> None:
-        """Start the dead server `url` again, on its port and device, serving the newest synced weights
-        (blocking until it answers). The caller then sets its weight version."""
+    def responsive(self, url: str) -> bool:
+        """Whether `url` answers GET /health (vLLM, paravt serve) within a few seconds."""
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        try:  # a client of its own: checks of several failed calls may run at once, on worker threads
+            r = httpx.get(url + "/health", headers=headers, timeout=min(HEALTH_TIMEOUT_S, self.cfg.timeout_s))
+        except httpx.HTTPError:
+            return False
+        return r.status_code < 500
+
+    def failure(self, url: str, why: str) -> str | None:
+        """Why the launched server `url` must be started again after a call to it failed with `why`:
+        it exited, or it does not answer its health check either (hung); None when it is fine (or
+        not started here)."""
+        p = self.proc(url)
+        if p is None:
+            return None
+        if p.poll() is not None:
+            return f"exited with code {p.returncode}"
+        if not self.responsive(url):
+            return f"{why}, and its health check got no answer either"
+        return None
+
+    def relaunch(self, url: str, why: str | None = None) -> None:
+        """Start the server `url` again, on its port and device, serving the newest synced weights
+        (blocking until it answers); one that still runs (hung) is stopped first, whole, and its port
+        must be free before the new one starts. The caller then sets its weight version."""
         how = self.launched[url]
-        print(f"rollout server {url} exited with code {self.proc(url).returncode}: starting it again on the weights "
-              f"of version {self.current} (see {how['log']})", file=sys.stderr)
+        old = self.proc(url)
+        why = why or f"exited with code {old.returncode}"
+        stopped = old.poll() is None
+        if stopped:
+            stop_group(old)
+        if not wait_port_free(how["port"]):
+            raise BackendError(f"rollout server {url}: {why}; it was stopped, but port {how['port']} is still "
+                               "held by another process, so it was not started again")
+        verb = "stopped it and started it again" if stopped else "started it again"
+        print(f"rollout server {url}: {why}: {verb} on the weights of version {self.current} (see {how['log']})",
+              file=sys.stderr)
         model = str(self.weights) if self.weights is not None else how["model"]
         self.procs[how["index"]] = _launch(self.cfg, model, how, append=True)
         self.restarts += 1
         self.version[url] = None
         self.wait_ready(Path(how["log"]).parent, [url])
+
+    def recover(self, url: str, why: str) -> bool:
+        """After a call to `url` failed with `why` (synchronous rollouts, on a worker thread): a
+        launched server that died or hangs is started again on the current weights, at the current
+        version. True when this call started it again (the caller sends its request again)."""
+        if url not in self.launched or self.weights is None:
+            return False
+        with self._restart_lock[url]:
+            reason = self.failure(url, f"a call failed ({why})")
+            if reason is None:
+                return False
+            self.relaunch(url, reason)
+            asyncio.run(self._load_current(url))
+        return True
+
+    async def _load_current(self, url: str) -> None:
+        async with self.async_client() as http:
+            await load_weights(http, url, self.weights, self.current)
+        self.version[url] = self.current
 
     # ---- weight sync
 
@@ -210,7 +278,15 @@ class RolloutServers:
     async def _sync_one(self, http: httpx.AsyncClient, url: str, weights: Path, version: str) -> None:
         if self.dead(url):  # started here and died: start it again on the new weights
             await asyncio.to_thread(self.relaunch, url)
-        await load_weights(http, url, weights, version)
+        try:
+            await load_weights(http, url, weights, version)
+        except (httpx.HTTPError, BackendError) as e:
+            if url not in self.launched:
+                raise
+            # started here: dead or hung under the sync (a given server is dropped by the caller)
+            why = f"the weight sync failed ({describe(e, self.cfg.timeout_s)})"
+            await asyncio.to_thread(self.relaunch, url, await asyncio.to_thread(self.failure, url, why) or why)
+            await load_weights(http, url, weights, version)
         self.version[url] = version
 
     def sync(self, weights: Path, version: str) -> float:
@@ -235,13 +311,14 @@ class RolloutServers:
     def close(self) -> None:
         for http in self._http.values():
             http.close()
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        # each server its own grace period, all at once
+        threads = [threading.Thread(target=stop_group, args=(p,)) for p in self.procs if p.poll() is None]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for how in self.launched.values():
+            Path(how["log"]).with_suffix(".pid").unlink(missing_ok=True)
 
 
 async def load_weights(http: httpx.AsyncClient, url: str, weights: Path, version: str, pause: str = "wait") -> None:
@@ -275,11 +352,9 @@ def _launch(cfg: RolloutConfig, model: str, how: dict, append: bool = False) -> 
         env["VLLM_SERVER_DEV_MODE"] = "1"  # the RL endpoints
         if dev == "cpu":
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    with open(how["log"], "a" if append else "w") as log:
-        proc = subprocess.Popen(launch_command(cfg.launch, model, how["port"], cfg.vllm_python, cfg.server_args, dev),
-                                stdout=log, stderr=subprocess.STDOUT, env=env)
-    Path(how["log"]).with_suffix(".pid").write_text(f"{proc.pid}\n")  # for whoever watches (or stops) the run
-    return proc
+    cmd = launch_command(cfg.launch, model, how["port"], cfg.vllm_python, cfg.server_args, dev)
+    with open(how["log"], "a" if append else "w") as log:  # the pid file: for a rerun (or whoever watches the run)
+        return start_guarded(cmd, log=log, env=env, pid_file=Path(how["log"]).with_suffix(".pid"), port=how["port"])
 
 
 class ServerGate:
@@ -292,7 +367,7 @@ class ServerGate:
     another epoch may have met two versions, and the backend sends it again. Also counts the time
     at least one request was in flight (the rollout side's busy time)."""
 
-    def __init__(self, versions: dict[str, str | None], down=None, drained: bool = True):
+    def __init__(self, versions: dict[str, str | None], drained: bool = True):
         self.version = dict(versions)
         self.drained = drained
         self._epoch = {u: 0 for u in versions}
@@ -302,7 +377,6 @@ class ServerGate:
         for e in [*self._open.values(), *self._idle.values()]:
             e.set()
         self._changed = asyncio.Event()
-        self._down = down  # async (url) -> bool: the server died (and is being started again)
         self.drained_calls = 0  # calls a sync let end on the old weights before pausing
         self.busy_s = 0.0
         self._busy_since: float | None = None
@@ -359,9 +433,6 @@ class ServerGate:
     def remove(self, url: str) -> None:
         """A server that is gone for good: it stays closed."""
         self.close(url)
-
-    async def down(self, url: str) -> bool:
-        return bool(self._down is not None and await self._down(url))
 
 
 def write_sync_weights(engine, model, processor, out: Path, version: str, keep: int = 2) -> Path | None:

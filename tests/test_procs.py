@@ -1,0 +1,129 @@
+"""Guarded server processes (paravt.procs): a server dies with the process that started it however
+that one dies (SIGKILL included), a stopped (SIGSTOP) server is stopped whole with its children, and
+what a run killed together with its guard left behind is found from the pid file and stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from paravt.procs import free_port, port_is_free, start_guarded, stop_group, stop_leftovers
+
+# A stand-in server: listens on its port (argv[1]); with "fork", a child of it listens on nothing and
+# sleeps (as vLLM's engine processes do beside its API server).
+SERVER = textwrap.dedent("""
+    import os, socket, sys, time
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(8)
+    if len(sys.argv) > 2 and os.fork() == 0:
+        s.close()
+    print("ready", flush=True)
+    time.sleep(600)
+""")
+
+
+def members(pgid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                out.append(int(d.name))
+    return out
+
+
+def wait_until(cond, timeout_s: float) -> float:
+    """Seconds until cond() held; fails past timeout_s."""
+    t0 = time.monotonic()
+    while not cond():
+        assert time.monotonic() - t0 < timeout_s, "timed out"
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+def start(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, int, Path]:
+    port = free_port()
+    log = tmp_path / "server.log"
+    with open(log, "w") as f:
+        proc = start_guarded([sys.executable, "-c", SERVER, str(port), *extra], log=f, pid_file=tmp_path / "s.pid",
+                             port=port, grace_s=2)
+    wait_until(lambda: not port_is_free(port), 20)
+    return proc, port, log
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs Linux's /proc")
+def test_a_server_dies_with_its_parent_even_by_sigkill(tmp_path):
+    """A 'trainer' process starts a guarded server, then is SIGKILLed: within a few seconds nothing of
+    the server's group runs and its port is free."""
+    trainer = textwrap.dedent(f"""
+        import sys, time
+        from paravt.procs import start_guarded
+        p = start_guarded([sys.executable, "-c", {SERVER!r}, sys.argv[1], "fork"], log=sys.stderr, port=int(sys.argv[1]))
+        print(p.pid, flush=True)
+        time.sleep(600)
+    """)
+    port = free_port()
+    t = subprocess.Popen([sys.executable, "-c", trainer, str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        pgid = int(t.stdout.readline())
+        wait_until(lambda: not port_is_free(port) and len(members(pgid)) == 3, 20)  # guard, server, its child
+        t.kill()
+        t.wait()
+        took = wait_until(lambda: not members(pgid), 5)
+        assert port_is_free(port) and took < 5
+    finally:
+        t.kill()
+
+
+def test_stop_group_stops_a_stopped_server_and_its_children(tmp_path):
+    proc, port, _ = start(tmp_path, "fork")
+    server = [p for p in members(proc.pid) if p != proc.pid]
+    assert len(server) == 2
+    for pid in server:
+        os.kill(pid, signal.SIGSTOP)  # hung: it accepts connections and never answers
+    t0 = time.monotonic()
+    stop_group(proc, grace_s=2)
+    assert not members(proc.pid) and port_is_free(port)
+    assert time.monotonic() - t0 < 10
+
+
+def test_the_guard_exits_with_the_servers_code(tmp_path):
+    with open(tmp_path / "log", "w") as f:
+        proc = start_guarded([sys.executable, "-c", "import sys; sys.exit(3)"], log=f)
+    assert proc.wait(20) == 3
+
+
+def test_leftovers_of_a_run_killed_with_its_guard_are_stopped(tmp_path):
+    """The guard and the server SIGKILLed together (kill -9 of the guard's group would take all; here
+    the server's child survives, as an engine process can): a rerun's stop_leftovers finds the group
+    from the pid file, stops it and says so; the pid file is gone."""
+    proc, port, _ = start(tmp_path, "fork")
+    rec = json.loads((tmp_path / "s.pid").read_text())
+    assert rec["pgid"] == proc.pid and rec["port"] == port
+    server = sorted(p for p in members(proc.pid) if p != proc.pid)[0]
+    os.kill(proc.pid, signal.SIGKILL)
+    os.kill(server, signal.SIGKILL)
+    proc.wait()
+    wait_until(lambda: len(members(proc.pid)) == 1, 5)  # the child is left, in the group
+    lines = stop_leftovers(tmp_path, grace_s=2)
+    assert len(lines) == 1 and f"port {port}" in lines[0] and "earlier run" in lines[0]
+    assert not members(proc.pid) and not (tmp_path / "s.pid").exists()
+    assert stop_leftovers(tmp_path) == []
+
+
+def test_a_pid_file_of_a_finished_run_or_a_reused_group_id_stops_nothing(tmp_path):
+    (tmp_path / "old.pid").write_text("12345\n")  # the earlier plain format
+    (tmp_path / "gone.pid").write_text(json.dumps({"pid": os.getpid(), "pgid": os.getpgrp(), "port": 1}))
+    assert stop_leftovers(tmp_path) == []  # this test's own group does not name port 1: not a server of ours
+    assert not list(tmp_path.glob("*.pid"))
