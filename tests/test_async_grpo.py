@@ -1,18 +1,22 @@
 """Asynchronous PARA-GRPO (rollout.max_staleness > 0, train.producer): the decoupled PPO loss on
 hand numbers, a weight sync that cuts generations in flight and loses none nor mixes versions
 (every call's tokens are scored again under the weights of the version it is tagged with), and a
-run on a launched `paravt serve` whose server is killed mid-run, restarted, and whose trained
-tokens all lie within the staleness bound."""
+run on a launched `paravt serve` whose server is killed, then stopped (hung), mid-run and started
+again each time, whose trained tokens all lie within the staleness bound, and whose killed trainer
+leaves no server behind."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -163,7 +167,8 @@ def test_a_sync_mid_generation_loses_nothing_and_mixes_no_versions(mini_split, t
     """The producer runs ahead (s = 1) while the trainer syncs new weights twice: the generations in
     flight end on the old weights first (drain) or are cut and sent again (abort), every group comes
     back, and each call's tokens have exactly the logprobs of the weights of the version it carries."""
-    check_sync_mid_generation(mini_split, tmp_path, pause, launch="paravt")
+    # one request at a time: the next groups are still generating when a sync comes
+    check_sync_mid_generation(mini_split, tmp_path, pause, launch="paravt", server_args=["--max-batch", "1"])
 
 
 def check_sync_mid_generation(data, tmp_path, pause: str, **servers_cfg) -> None:
@@ -197,15 +202,22 @@ def check_sync_mid_generation(data, tmp_path, pause: str, **servers_cfg) -> None
                                    plan_group=lambda g: _plan_group(cfg, samples, *divmod(g, 2), number=g),
                                    run_group=lambda b, r, jobs: play_jobs(b, r, jobs, cfg.episode, 1.0))
         taken = []
-        for v in (0, 1, 2):  # the second sync meets the groups its first one made room for
+        # The first sync comes while the first groups generate, some of their calls done on version 0;
+        # the second may meet the groups the first made room for, or find them done already.
+        def generating() -> bool:
+            in_flight = sum(producer.gate._calls.values())
+            return in_flight >= 2 and sum(producer.backend.requests_sent.values()) - in_flight >= 2
+
+        for v in (0, 1, 2):
+            if v < 2:
+                weights[v + 1] = write_sync_weights(engine, _perturbed(model, v), processor, tmp_path, str(v + 1), keep=5)
+                if v == 0:
+                    wait_for(generating, 60, "calls in flight")
+                producer.sync(weights[v + 1], v + 1)
             groups, failed = producer.take(v)
             assert not failed and [g.index for g in groups] == [2 * v, 2 * v + 1]
             assert all(v - g.oldest <= 1 for g in groups)
             taken += groups
-            if v < 2:
-                time.sleep(0.3)  # the next groups are generating now
-                weights[v + 1] = write_sync_weights(engine, _perturbed(model, v), processor, tmp_path, str(v + 1), keep=5)
-                producer.sync(weights[v + 1], v + 1)
         resent, drained = producer.resent(), producer.gate.drained_calls
     finally:
         if producer is not None:
@@ -230,50 +242,132 @@ def check_sync_mid_generation(data, tmp_path, pause: str, **servers_cfg) -> None
 
 
 @pytest.mark.slow
-def test_async_grpo_bounds_staleness_survives_a_killed_server_and_resumes(mini_split, tmp_path):
-    """`paravt train grpo` with max_staleness 2 on one launched server: its process is killed after the
-    first step; the trainer starts it again and the run finishes, then resumes for one more step.
-    Every trained call lies within [v − 2, v] of the version v it updated, and the loss used the
-    recomputed π_prox (two minibatches: it equals the fresh forward before the first)."""
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads the process tree from /proc")
+def test_async_grpo_survives_a_killed_and_a_hung_server_and_a_killed_trainer(mini_split, tmp_path):
+    """`paravt train grpo` with max_staleness 2 on one launched `paravt serve`: see check_server_faults."""
+    check_server_faults(mini_split / "rl.parquet", tmp_path, {"rollout.launch": "paravt", "rollout.timeout_s": 10})
+
+
+def check_server_faults(data, tmp_path, opts: dict, start_s: float = 300) -> dict:
+    """The server process is killed (SIGKILL) after step 1, and the one started again is stopped
+    (SIGSTOP: it accepts connections and never answers) after step 2; the trainer starts the dead one
+    again, finds the stopped one hung (a call past its deadline, then no answer to its health check),
+    stops its whole process group and starts it again on the newest weights. After step 4 the trainer
+    itself is killed (SIGKILL): within a few seconds nothing of its server runs. Every trained call
+    lies within [v − 2, v] of the version v it updated, and the loss used the recomputed π_prox (two
+    minibatches: it equals the fresh forward before the first). The rerun resumes at step 4 with no
+    episode from the first run. Returns the times measured."""
     out = tmp_path / "run"
+    log = out / "log.jsonl"
 
-    def train(steps: int, kill_after: int | None = None) -> list[dict]:
-        opts = dict(model=DEFAULT_MODEL, data=mini_split / "rl.parquet", out=out, steps=steps, prompts_per_step=2,
-                    rollouts_per_prompt=2, **{"episode.max_new_tokens": 40, "rollout.engine": "servers",
-                                              "rollout.launch": "paravt", "rollout.devices": "[cpu]",
-                                              "rollout.max_staleness": 2},
+    def train(steps: int) -> subprocess.Popen:
+        args = dict(model=DEFAULT_MODEL, data=data, out=out, steps=steps, prompts_per_step=2, rollouts_per_prompt=2,
+                    **{"episode.max_new_tokens": 40, "rollout.engine": "servers", "rollout.devices": "[cpu]",
+                       "rollout.max_staleness": 2, **opts},
                     device="cpu", threads=1, lr=3e-4, save_every=1, minibatches=2)  # π_prox recomputed
-        args = [sys.executable, "-m", "paravt", "train", "grpo"] + [x for k, v in opts.items() for x in ("-o", f"{k}={v}")]
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cmd = [sys.executable, "-m", "paravt", "train", "grpo"] + [x for k, v in args.items() for x in ("-o", f"{k}={v}")]
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=dict(os.environ, OMP_NUM_THREADS="1"))
-        if kill_after is not None:
-            deadline = time.time() + 300
-            log = out / "log.jsonl"
-            while not (log.exists() and len(log.read_text().splitlines()) >= kill_after):
-                assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:]
-                time.sleep(0.2)
-            os.killpg(json.loads((out / "servers" / "server_0.pid").read_text())["pgid"], signal.SIGKILL)
-        text, _ = proc.communicate(timeout=600)
-        assert proc.returncode == 0, text[-3000:]
-        return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
 
-    log = train(2, kill_after=1)
-    assert [r["step"] for r in log] == [1, 2]
-    assert max(r["server_restarts"] for r in log) == 1
-    for r in log:
+    def steps_logged(n: int, proc) -> None:
+        wait_for(lambda: log.exists() and len(log.read_text().splitlines()) >= n, start_s, f"step {n}", proc)
+
+    proc = train(10)  # killed after step 4
+    steps_logged(1, proc)
+    killed, _ = server_of(out, start_s, proc=proc)
+    os.killpg(killed, signal.SIGKILL)
+    steps_logged(2, proc)
+    guard, stopped = server_of(out, start_s, proc=proc)
+    assert guard != killed
+    os.kill(stopped, signal.SIGSTOP)
+    t_stop = time.time()
+    steps_logged(4, proc)
+    took = {"step_4_after_stop_s": time.time() - t_stop}
+    assert process_state(stopped) is None and not group_alive(guard)  # stopped whole, not left beside the new one
+    guard, server = server_of(out, start_s, ready=False, proc=proc)  # it answered the calls of step 4
+    proc.kill()  # the trainer, as the OOM killer would
+    text = proc.communicate()[0]
+    took["server_gone_after_kill_s"] = wait_for(lambda: not group_alive(guard), 10, "the killed trainer's server")
+    assert process_state(server) is None
+    assert "exited with code" in text and "its health check got no answer either" in text, text[-3000:]
+    assert "stopped it and started it again on the weights of version" in text, text[-3000:]
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["step"] for r in rows][:4] == [1, 2, 3, 4] and rows[3]["server_restarts"] == 2
+    for r in rows:
         assert 0 <= r["staleness_max"] <= 2 and r["staleness_mean"] <= r["staleness_max"]
         assert "behave_masked_tokens" in r and r["episodes"] == 4
         assert r["logprob_drift"] < 1e-4 and r["updates"] == 2  # π_prox is the fresh forward before the update
         assert 0 <= r["rollout_busy"] <= 1 and 0 < r["update_busy"] <= 1  # 0: waiting for the restarted server
-    assert any(r["staleness_max"] > 0 for r in log), "the producer never ran ahead of the trainer"
+    assert any(r["staleness_max"] > 0 for r in rows), "the producer never ran ahead of the trainer"
     records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     for rec in records:  # trained at version step − 1
         v = rec["step"] - 1
         assert rec["versions"] and v - 2 <= min(rec["versions"]) and max(rec["versions"]) <= v
-    log = train(3)  # resumes at step 2: in-flight rollouts were lost with the process, the producer refills
-    assert [r["step"] for r in log] == [1, 2, 3]
+
+    last = len(rows)
+    proc = train(last + 1)  # resumes at the last checkpoint: in-flight rollouts were lost, the producer refills
+    text = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 0, text[-3000:]
+    resumed = int(re.search(r"resuming from [\s\S]*? at\s+step\s+(\d+)", text).group(1))  # a kill may beat a save
+    assert last - 1 <= resumed <= last
+    assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == list(range(1, last + 2))
     records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
-    assert all(min(r["versions"]) >= 2 for r in records if r["step"] == 3)  # nothing from the first run
+    assert all(min(r["versions"]) >= resumed for r in records if r["step"] > resumed)  # nothing from the first run
+    return took
+
+
+def wait_for(cond, timeout_s: float, what: str, proc: subprocess.Popen | None = None) -> float:
+    """Seconds until cond() held (fails past timeout_s, or when `proc` exited meanwhile)."""
+    t0 = time.time()
+    while not cond():
+        assert proc is None or proc.poll() is None, proc.stdout.read()[-3000:]
+        assert time.time() - t0 < timeout_s, f"{what}: not within {timeout_s} s"
+        time.sleep(0.1)
+    return time.time() - t0
+
+
+def server_of(out, timeout_s: float = 300, ready: bool = True, proc: subprocess.Popen | None = None
+              ) -> tuple[int, int]:
+    """(its guard's pid, which is the group's id; the server's pid) of OUT's launched server 0, once the
+    trainer has set its weight version (one started again a moment ago may still be loading, or be
+    loading the weights the trainer sends it)."""
+    def read():
+        rec = json.loads((out / "servers" / "server_0.pid").read_text())
+        return rec, Path(f"/proc/{rec['pgid']}/task/{rec['pgid']}/children").read_text().split()
+
+    def answers() -> bool:
+        try:
+            rec, children = read()
+            if not ready or not children:
+                return bool(children)
+            info = httpx.get(f"http://127.0.0.1:{rec['port']}/weight_info", timeout=2)
+            return info.status_code == 200 and info.json().get("weight_version") is not None
+        except (OSError, ValueError, httpx.HTTPError):
+            return False
+
+    wait_for(answers, timeout_s, "the launched server answering", proc)
+    rec, children = read()
+    return rec["pgid"], int(children[0])
+
+
+def process_state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group `pgid` runs (zombies aside)."""
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False
 
 
 @pytest.mark.slow

@@ -219,3 +219,17 @@ def test_a_sync_mid_generation_on_vllm(split, tmp_path, pause):
     server_args = ["--dtype", "float32", "--max-model-len", "8192", "--gpu-memory-utilization", "0.15"]
     check_sync_mid_generation(split, tmp_path, pause, launch="vllm", vllm_python=str(VLLM_PYTHON),
                               server_args=server_args)
+
+
+def test_a_killed_a_hung_vllm_and_a_killed_trainer(split, tmp_path):
+    """tests/test_async_grpo.py's server faults on a launched vLLM: killed (its process group), then
+    stopped (SIGSTOP of its API server: its engine process runs on), each started again; a killed
+    trainer leaves nothing of its vLLM."""
+    from tests.test_async_grpo import check_server_faults
+
+    server_args = ["--dtype", "float32", "--max-model-len", "8192", "--gpu-memory-utilization", "0.15"]
+    took = check_server_faults(split / "rl.parquet", tmp_path, {
+        "rollout.launch": "vllm", "rollout.vllm_python": str(VLLM_PYTHON), "rollout.timeout_s": 30,
+        "rollout.server_args": json.dumps(server_args)}, start_s=900)
+    print(f"\nvLLM: step 4 came {took['step_4_after_stop_s']:.0f} s after its server was stopped; a killed "
+          f"trainer's vLLM was gone {took['server_gone_after_kill_s']:.1f} s after the kill")

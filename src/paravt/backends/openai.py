@@ -370,7 +370,7 @@ class OpenAIBackend:
                 why = str(e) if isinstance(e, _Retryable) else f"no answer within {self.timeout_s:g} s"
                 no_answer = isinstance(e, asyncio.TimeoutError) or e.timed_out
                 if no_answer or e.unreachable:
-                    self._take_out(st, url, why)
+                    self.take_out(url, why)
                 if await self._sent_again(base, epoch, why):
                     self.resent += 1  # paused, synced or started again under it
                     deadline = None
@@ -416,8 +416,8 @@ class OpenAIBackend:
                 if left <= every:
                     raise asyncio.TimeoutError()
                 if not await self._healthy(st, url, min(PROBE_S, self.timeout_s), cached=every / 2):
-                    raise _Retryable(f"no answer within {st.loop.time() - start:.0f} s, nor to its health check",
-                                     timed_out=True)
+                    raise _Retryable(f"no answer within {st.loop.time() - start:.0f} s, and its health check got "
+                                     "no answer either", timed_out=True)
         finally:
             if not task.done():
                 task.cancel()
@@ -432,15 +432,17 @@ class OpenAIBackend:
 
     # ---- servers taken out of the rotation
 
-    def _take_out(self, st: _LoopState, url: str, why: str) -> None:
+    def take_out(self, url: str, why: str) -> None:
         """`url` did not answer: no new call goes there while another server is in the rotation, until
-        it answers a health check (probed every few seconds on this event loop)."""
-        if len(self.endpoints) < 2 or url in self.out_of_rotation:
+        it answers a health check (probed every few seconds on the event loop of the calls)."""
+        url = self._v1(url)
+        if len(self.endpoints) < 2 or url in self.out_of_rotation or url not in self.endpoints:
             return
         self.out_of_rotation[url] = why
         self.endpoint_events.append({"endpoint": url.removesuffix("/v1"), "event": "out", "why": why,
                                      "time": time.strftime("%Y-%m-%dT%H:%M:%S")})
-        self._ensure_probe(st, url)
+        if self._state is not None and not self._state.loop.is_closed():
+            self._ensure_probe(self._state, url)  # else: the next loop's state starts it
 
     def _ensure_probe(self, st: _LoopState, url: str) -> None:
         task = st.probes.get(url)
@@ -465,12 +467,12 @@ class OpenAIBackend:
         ok = False
         base = url.removesuffix("/v1")
         for probe in (base + "/health", url + "/models"):
-            try:
-                r = await st.health.get(probe, timeout=timeout_s)
-            except httpx.HTTPError:
+            try:  # the status line only, under a deadline of its own (a body trickled forever must not hold it)
+                status = await asyncio.wait_for(_status(st.health, probe, timeout_s), timeout_s)
+            except (httpx.HTTPError, asyncio.TimeoutError):
                 break
-            if r.status_code != 404:
-                ok = r.status_code < 500
+            if status != 404:
+                ok = status < 500
                 break
         st.checked[url] = (st.loop.time(), ok)
         return ok
@@ -488,6 +490,11 @@ class OpenAIBackend:
                 await st.client.aclose()
             except RuntimeError:  # closed from another loop than the one that opened it
                 pass
+
+
+async def _status(client: httpx.AsyncClient, url: str, timeout_s: float) -> int:
+    async with client.stream("GET", url, timeout=timeout_s) as r:
+        return r.status_code
 
 
 def _completion(data: dict, prefix: str, url: str) -> Completion:

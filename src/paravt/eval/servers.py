@@ -18,7 +18,7 @@ import httpx
 
 from paravt.backends.base import BackendError
 
-CHECK_TIMEOUT_S = 30.0  # at most this long per check, whatever the model calls' deadline
+CHECK_TIMEOUT_S = 10.0  # at most this long per check, whatever the model calls' deadline (GET /models is instant)
 
 
 def endpoints_of(backend: object) -> list[str]:
@@ -59,7 +59,10 @@ async def _cause(client: httpx.AsyncClient, url: str, timeout_s: float) -> str |
 async def outage(backend: object, timeout_s: float | None = None) -> str | None:
     """'model server unreachable: <server>: <cause>; ...' when none of the backend's servers
     answers, else None (with several, the client routes around a dead one)."""
-    bad = await unreachable(backend, timeout_s)
+    return _outage(backend, await unreachable(backend, timeout_s))
+
+
+def _outage(backend: object, bad: list[str]) -> str | None:
     if bad and len(bad) == len(endpoints_of(backend)):
         return "model server unreachable: " + "; ".join(bad)
     return None
@@ -80,6 +83,12 @@ def _reason(e: BaseException) -> str:
 
 async def check_servers(backend: object, timeout_s: float | None = None) -> None:
     """Raise BackendError (one line: each server and its cause) when none of the backend's
-    servers answers."""
-    if (msg := await outage(backend, timeout_s)) is not None:
+    servers answers; the ones that do not answer while others do are taken out of the backend's
+    rotation (until they answer its health check), so no sample waits on them."""
+    bad = await unreachable(backend, timeout_s)
+    if (msg := _outage(backend, bad)) is not None:
         raise BackendError(msg)
+    take_out = getattr(backend, "take_out", None)
+    for line in bad if take_out is not None else []:
+        url, cause = line.split(": ", 1)
+        take_out(url, f"before the run: {cause}")

@@ -841,9 +841,9 @@ def _sync(engine, servers, model, processor, out: Path, step: int, producer=None
     if producer is not None and engine.world == 1:
         # in the background: the trainer goes on with the next step while the servers drain and load
         producer.wait_sync()  # the previous one (its weights directory must outlive it)
-        producer.request_sync(write_sync_weights(engine, model, processor, out, str(step)), step)
+        producer.request_sync(write_sync_weights(engine, model, processor, out, str(step), protect=servers.in_use), step)
         return time.perf_counter() - t0
-    weights = write_sync_weights(engine, model, processor, out, str(step))
+    weights = write_sync_weights(engine, model, processor, out, str(step), protect=servers.in_use)
     if producer is not None:  # every process's calls end and its gates close before rank 0 pauses the servers
         producer.close_gates()
         engine.barrier()

@@ -87,7 +87,7 @@ class RolloutConfig:
             raise ValueError("rollout.concurrency must be >= 1 and rollout.timeout_s > 0")
 
 
-HEALTH_TIMEOUT_S = 10.0  # a health check after a failed call waits at most this (or the call timeout)
+HEALTH_TIMEOUT_S = 5.0  # a health check after a failed call waits at most this (or the call timeout)
 
 
 def describe(e: BaseException, timeout_s: float) -> str:
@@ -130,6 +130,7 @@ class RolloutServers:
         self.banned_ids: list[int] = []  # the policy's never-sampled ids (the trainer sets them): logit_bias
         self.version: dict[str, str | None] = {u: None for u in self.urls}
         self._restart_lock = {u: threading.Lock() for u in self.launched}
+        self.in_use: set[str] = set()  # synced weights a server being started again reads: not to be removed yet
         self.api_key = cfg.api_key or os.environ.get("PARAVT_API_KEY")
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         # readiness checks: one client per server (an httpx.Client shared between threads, when the
@@ -208,11 +209,11 @@ class RolloutServers:
     def responsive(self, url: str) -> bool:
         """Whether `url` answers GET /health (vLLM, paravt serve) within a few seconds."""
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        try:  # a client of its own: checks of several failed calls may run at once, on worker threads
-            r = httpx.get(url + "/health", headers=headers, timeout=min(HEALTH_TIMEOUT_S, self.cfg.timeout_s))
+        try:  # a client of its own (checks may run at once, on worker threads); the status line only
+            with httpx.stream("GET", url + "/health", headers=headers, timeout=min(HEALTH_TIMEOUT_S, self.cfg.timeout_s)) as r:
+                return r.status_code < 500
         except httpx.HTTPError:
             return False
-        return r.status_code < 500
 
     def failure(self, url: str, why: str) -> str | None:
         """Why the launched server `url` must be started again after a call to it failed with `why`:
@@ -224,7 +225,7 @@ class RolloutServers:
         if p.poll() is not None:
             return f"exited with code {p.returncode}"
         if not self.responsive(url):
-            return f"{why}, and its health check got no answer either"
+            return why if "health check" in why else f"{why}, and its health check got no answer either"
         return None
 
     def relaunch(self, url: str, why: str | None = None) -> None:
@@ -244,10 +245,14 @@ class RolloutServers:
         print(f"rollout server {url}: {why}: {verb} on the weights of version {self.current} (see {how['log']})",
               file=sys.stderr)
         model = str(self.weights) if self.weights is not None else how["model"]
-        self.procs[how["index"]] = _launch(self.cfg, model, how, append=True)
-        self.restarts += 1
-        self.version[url] = None
-        self.wait_ready(Path(how["log"]).parent, [url])
+        self.in_use.add(model)  # the trainer's next syncs must not remove it before the server has read it
+        try:
+            self.procs[how["index"]] = _launch(self.cfg, model, how, append=True)
+            self.restarts += 1
+            self.version[url] = None
+            self.wait_ready(Path(how["log"]).parent, [url])
+        finally:
+            self.in_use.discard(model)
 
     def recover(self, url: str, why: str) -> bool:
         """After a call to `url` failed with `why` (synchronous rollouts, on a worker thread): a
@@ -435,9 +440,11 @@ class ServerGate:
         self.close(url)
 
 
-def write_sync_weights(engine, model, processor, out: Path, version: str, keep: int = 2) -> Path | None:
+def write_sync_weights(engine, model, processor, out: Path, version: str, keep: int = 2,
+                       protect: set[str] | frozenset = frozenset()) -> Path | None:
     """The policy's consolidated weights for the servers to load, at OUT/sync/<version> (collective;
-    rank 0 writes, older versions beyond `keep` are removed). Returns the directory on rank 0."""
+    rank 0 writes, older versions beyond `keep` are removed, except those in `protect`: a server
+    started again is reading them). Returns the directory on rank 0."""
     from paravt.models.tiny import save_pretrained
 
     full = engine.full_state_dict(model, keep_tied=True)
@@ -453,5 +460,6 @@ def write_sync_weights(engine, model, processor, out: Path, version: str, keep: 
     done = sorted((p for p in root.iterdir() if p.is_dir() and not p.name.endswith(".tmp")),
                   key=lambda p: p.stat().st_mtime)
     for old in done[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        if str(old) not in protect:
+            shutil.rmtree(old, ignore_errors=True)
     return d
