@@ -32,7 +32,7 @@ class AppError(Exception):
 
 @dataclass
 class AppSettings:
-    """What `paravt app`'s options set (see the module docstring for what each guards)."""
+    """What `paravt app`'s options set (paravt.app's docstring says what each guards)."""
 
     media_root: Optional[Path] = None
     max_upload_bytes: int = MAX_UPLOAD_MB * 1024 * 1024
