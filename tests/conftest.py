@@ -52,6 +52,7 @@ SKIP_HINTS = (
 )
 
 
+@pytest.hookimpl(trylast=True)  # after --durations: the last lines before the totals
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """At the end of the run, what was skipped and why: one line per reason with its count and the
     files it hit, and what would run it (SKIP_HINTS), so a green run says what it did not prove."""
