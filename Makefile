@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # torch 2.13 CPU: a pinned range keeps pip from pulling a multi-GB CUDA build on CPU machines.
 TORCH_SPEC ?= torch>=2.6,<=2.13.0
 
-.PHONY: demo test venv install install-test clean
+.PHONY: demo test venv install install-test chromium clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,26 @@ install-test: $(PY)
 demo: install
 	$(VENV)/bin/paravt demo
 
-test: install-test
+# The browser tests (the HTML report, paravt app) drive Debian's chromium through Playwright, which
+# never downloads a browser. `make test` installs it with apt where it runs as root (or with
+# password-less sudo); elsewhere, or with CHROMIUM=no, those tests are skipped and the run's last
+# lines say so and how to run them.
+CHROMIUM ?= auto
+
+chromium:
+	@if [ "$(CHROMIUM)" != no ] && [ ! -x /usr/bin/chromium ]; then \
+	  SUDO=""; \
+	  if [ "$$(id -u)" != 0 ] && sudo -n true 2>/dev/null; then SUDO="sudo -n"; fi; \
+	  if command -v apt-get >/dev/null && { [ "$$(id -u)" = 0 ] || [ -n "$$SUDO" ]; }; then \
+	    echo "installing Debian's chromium for the browser tests (CHROMIUM=no skips this)"; \
+	    { $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } || \
+	      echo "note: installing chromium failed: the browser tests will be skipped" >&2; \
+	  else \
+	    echo "note: no /usr/bin/chromium and no root or sudo with apt here: the browser tests will be skipped (sudo apt-get install chromium)" >&2; \
+	  fi; \
+	fi
+
+test: install-test chromium
 	$(PY) -m pytest -q
 
 clean:

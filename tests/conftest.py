@@ -40,3 +40,38 @@ def browser():
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield b
         b.close()
+
+
+# What a skip needs to run instead, by a phrase of its reason: printed under the skips at the end.
+SKIP_HINTS = (
+    ("no chromium", "`make test` installs Debian's chromium where it runs as root (or with sudo) and apt is "
+                    "there; elsewhere: sudo apt-get install chromium"),
+    ("playwright", "pip install -e '.[test]'"),
+    ("vLLM", "opt-in: build .venv-vllm (see tests/test_vllm.py), then pytest -m vllm"),
+    ("root writes", "run the suite as a user other than root"),
+)
+
+
+@pytest.hookimpl(trylast=True)  # after --durations: the last lines before the totals
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """At the end of the run, what was skipped and why: one line per reason with its count and the
+    files it hit, and what would run it (SKIP_HINTS), so a green run says what it did not prove."""
+    from collections import defaultdict
+
+    groups: dict[str, list[str]] = defaultdict(list)
+    for rep in terminalreporter.stats.get("skipped", []):
+        if getattr(rep, "wasxfail", None) is not None:
+            continue
+        longrepr = rep.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+        groups[reason.removeprefix("Skipped: ")].append(rep.nodeid.split("::")[0])
+    if not groups:
+        return
+    total = sum(len(v) for v in groups.values())
+    terminalreporter.section(f"skipped: {total} test{'s' if total != 1 else ''}, and why", sep="-")
+    for reason, where in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        files = ", ".join(f"{f} ({where.count(f)})" for f in dict.fromkeys(where))
+        terminalreporter.write_line(f"{len(where):3d}  {reason}  [{files}]")
+        hint = next((h for phrase, h in SKIP_HINTS if phrase in reason), None)
+        if hint:
+            terminalreporter.write_line(f"     to run them: {hint}")

@@ -3,7 +3,7 @@ the streamed events), then the real page in a real browser (Debian's chromium th
 against `paravt app` running the shipped model, checked on the DOM.
 
 The browser tests are skipped, with the reason, where chromium or the playwright package is
-missing (`.ci/run` installs both). `PARAVT_SCREENSHOT=docs/app.png pytest tests/test_app.py`
+missing (`make test` installs both where it can). `PARAVT_SCREENSHOT=docs/app.png pytest tests/test_app.py`
 retakes the README's picture."""
 
 from __future__ import annotations

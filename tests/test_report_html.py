@@ -1,7 +1,7 @@
 """`paravt eval report --html`: a real eval run of the shipped model on SynthVT-mini, rendered in a
 real browser (Debian's chromium driven by Playwright), checked on the DOM after its scripts ran.
 
-Skipped, with the reason, where chromium or the playwright package is missing (`.ci/run` installs
+Skipped, with the reason, where chromium or the playwright package is missing (`make test` installs
 both). The unit tests at the top need no browser."""
 
 from __future__ import annotations

@@ -157,6 +157,8 @@ def _streams(vseed: int) -> tuple[np.random.Generator, np.random.Generator]:
     return np.random.default_rng(q), np.random.default_rng(o)
 
 
+# ~100 lines: one pass over the videos fills every table and counter of the split; split into helpers,
+# the dozen counters would travel between them.
 def build_split(out: str | Path, cfg: SynthConfig, progress=None) -> SplitSummary:
     """Write (or finish writing) a split under `out`. Resumable: a video already on disk that
     opens and matches its spec is kept; every table is rewritten (it is deterministic)."""

@@ -95,6 +95,8 @@ def check_kind_weights(weights: dict[str, float], kinds: tuple[str, ...]) -> Non
         raise ValueError(f"kind weights name kinds that are not asked: {sorted(unasked)}")
 
 
+# ~130 lines: one table of the question kinds (a few lines each) in the order they draw from `rng`,
+# which fixed seeds depend on.
 def make_questions(spec: VideoSpec, video_id: str, rng: np.random.Generator, per_video: int = 5,
                    overview_times: dict[int, list[float]] | None = None,
                    kinds: tuple[str, ...] = (), control: str = "mcq",

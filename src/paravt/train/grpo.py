@@ -428,7 +428,8 @@ def train_grpo(cfg: GRPOConfig, console=None, make_backend: Callable[..., Any] |
 
 def _train_grpo(cfg: GRPOConfig, console, make_backend, reward_fn=None) -> dict:
     from rich.console import Console
-    from paravt.backends.hf import HFBackend, Renderer
+    from paravt.backends.hf import HFBackend
+    from paravt.chat import Renderer
     from paravt.train.checkpoint import diverged, find_checkpoint, load_policy, make_optimizer, restore_optimizer
     from paravt.train.logging import RunLogger
     from paravt.train.sft import make_engine

@@ -23,7 +23,7 @@ import torch
 
 if TYPE_CHECKING:
     from paravt.agent import Episode, ModelCall
-    from paravt.backends.hf import Renderer
+    from paravt.chat import Renderer
     from paravt.rewards import RewardConfig
 
 
@@ -194,7 +194,7 @@ class Batch:
 def collate(base_model, renderer: "Renderer", seqs: list[TrainSequence], device=None) -> Batch:
     """One left-padded forward batch. Only the columns from the first trained token onwards get
     logits (`logits_to_keep`), which matters for real vocabularies (151k) and long prompts."""
-    from paravt.backends.hf import model_inputs
+    from paravt.policy import model_inputs
 
     if not seqs:
         raise SequenceError("empty batch")
@@ -231,7 +231,7 @@ def token_logprobs(model, batch: Batch, with_entropy: bool = False, temperature:
     (no grad). GRPO passes the rollouts' temperature and the backend's never-sampled ids, so the
     ratio, KL and entropy are those of the policy that sampled (`policy_log_softmax`, the function
     the hf backend reports rollout logprobs with); SFT uses τ = 1."""
-    from paravt.backends.hf import policy_log_softmax
+    from paravt.policy import policy_log_softmax
 
     out = model(**batch.inputs, use_cache=False, logits_to_keep=batch.keep)
     lsm = policy_log_softmax(out.logits[:, :-1], temperature, banned)

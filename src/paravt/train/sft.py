@@ -300,7 +300,7 @@ def _train_sft(cfg: SFTConfig, console=None) -> dict:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from paravt.backends.hf import Renderer
+    from paravt.chat import Renderer
     from paravt.train.checkpoint import (diverged, find_checkpoint, load_policy, make_optimizer, prune_snapshots,
                                          restore_optimizer, save_checkpoint)
     from paravt.train.logging import RunLogger

@@ -1,5 +1,5 @@
 /*
- * paravt app: the page `paravt app` serves (src/paravt/app.py describes the HTTP interface).
+ * paravt app: the page `paravt app` serves (src/paravt/app/__init__.py describes the HTTP interface).
  *
  * It uploads or picks a video, POSTs the question to /api/ask and reads the answer, a stream of
  * Server-Sent Events, with fetch (not EventSource, which cannot send the API key as a header).

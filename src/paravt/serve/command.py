@@ -1,0 +1,62 @@
+"""`paravt serve`: load a checkpoint into the in-process hf backend and serve it with uvicorn.
+Binds 127.0.0.1 unless told otherwise; a non-loopback bind without --api-key is warned about."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from paravt.serve.app import create_app
+from paravt.serve.images import MAX_IMAGES, MAX_TOTAL_PIXELS, ImageLimits
+from paravt.serve.limits import MAX_INFLIGHT_PIXELS
+
+
+def serve(model: str | None, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+          max_batch: int = 16, max_model_len: int | None = None, max_images: int = MAX_IMAGES,
+          max_total_pixels: int = MAX_TOTAL_PIXELS, rl_api: bool = False,
+          max_inflight_pixels: int = MAX_INFLIGHT_PIXELS) -> None:
+    """Load the model and serve it until interrupted. Without `model`, the default of `ask`, `eval`
+    and `demo`: $PARAVT_MODEL, else the shipped trained tiny checkpoint (an untrained tiny model only
+    if that is missing). `max_model_len` (None: the model's own) goes to the backend, which rejects
+    longer prompts (400). The limits are checked before the model loads, so a typo fails fast."""
+    import uvicorn
+    from rich.console import Console
+
+    from paravt.ask import default_model
+    from paravt.backends.hf import HFBackend
+    from paravt.models import load_model
+
+    limits = ImageLimits(max_images=max_images, max_total_pixels=max_total_pixels)
+    if max_model_len is not None and max_model_len < 1:
+        raise ValueError(f"max_model_len must be >= 1, got {max_model_len}")
+    if max_inflight_pixels < 1:
+        raise ValueError(f"max_inflight_pixels must be >= 1, got {max_inflight_pixels}")
+    console = Console(stderr=True)
+    named = model
+    model = model or default_model()
+    if model and model.startswith(("http://", "https://")):
+        where = "--model" if named else "$PARAVT_MODEL"
+        raise ValueError(f"{where} is a URL ({model}); paravt serve serves a checkpoint directory or a cached hub id")
+    if model:
+        if not named:
+            console.print(f"[yellow]no --model given: serving {model} (paravt's default model; the shipped one is a "
+                          "1.4 M-parameter toy trained on SynthVT only). Pass --model for a real checkpoint.[/yellow]")
+        m, p = load_model(model)
+        # a local directory is served under its folder name, a hub id under itself (as vLLM does)
+        name = Path(model).expanduser().resolve().name if Path(model).expanduser().exists() else model
+    else:
+        from paravt.models.tiny import build_tiny
+
+        console.print("[yellow]no --model given and no shipped model found: serving an untrained tiny Qwen3-VL "
+                      "(its output is noise)[/yellow]")
+        m, p = build_tiny()
+        name = "tiny-untrained"
+    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        console.print(f"[yellow]warning: listening on {host} without --api-key: anyone who can reach it can use it"
+                      "[/yellow]")
+    console.print(f"paravt serve: model [bold]{name}[/bold] at http://{host}:{port}/v1 (max batch {max_batch})")
+    backend = HFBackend(m, p, max_batch=max_batch, max_model_len=max_model_len)
+    if rl_api:
+        console.print("RL weight-sync API on: /pause, /resume, /collective_rpc reload_weights, /weight_info")
+    app = create_app(backend, name, api_key=api_key, max_images=limits.max_images,
+                     max_total_pixels=limits.max_total_pixels, rl_api=rl_api, max_inflight_pixels=max_inflight_pixels)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

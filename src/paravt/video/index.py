@@ -1,0 +1,255 @@
+"""The demuxer's view of a video: seeking, the probe (packets demuxed, nothing decoded) and the
+timeline it measures: start, end, frame rate, the demuxer's keyframe index, and jumps of the
+timestamps.
+
+Timestamps come from pts * time_base, never index / fps, so variable-frame-rate files
+return the frames nearest the requested times.
+
+Timestamps that jump (a camera clock reset, files joined without re-timing: pts leaping by
+hours mid-file) leave spans where nothing was recorded. The nearest frame to a time in such a
+span is from elsewhere, hours away, so the probe finds the jumps (steps of the demuxer's index
+over JUMP_S and JUMP_FRAMES frame steps, each confirmed on the packets between its two entries:
+one GOP demuxed, nothing decoded) and sampling skips them: overview(k) and a crop spread their
+frames over the recorded parts only, a crop wholly inside a jump is a VideoError saying so, and
+frames_at() flags a frame it returns for a time inside a jump (Frame.substituted). fps and
+num_frames then come from the packets (median frame step, the stated or recorded count), not
+from duration x fps. Containers without an index (MPEG-TS) are not checked for jumps.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from paravt.video.errors import VideoError
+from paravt.video.frames import VideoInfo
+from paravt.video.sampling import EPS
+from paravt.video.sources import Source
+
+REWIND = 1000.0  # s before the first timestamp: a seek there lands on the file's first packet
+JUMP_S = 60.0  # s; a step between consecutive frames over this, and over JUMP_FRAMES typical
+JUMP_FRAMES = 100  # frame steps, is a jump of the timestamps, not a long still (VFR) frame
+
+
+# ---------- seeking: the demuxer's two moves ----------
+def seek(source: Source, c, s, t: float) -> bool:
+    """Backward seek to `t` (stream clock); False where the demuxer refuses (a TS whose
+    timestamps it cannot find by bisection), which callers treat as a landing that failed."""
+    try:
+        c.seek(round(t / float(s.time_base)), stream=s, backward=True, any_frame=False)
+        return True
+    except Exception as e:
+        if source.network_failure(e):
+            raise source.network_error(e) from None
+        return False
+
+
+def rewind(source: Source, c, s) -> None:
+    """To the first packet: a seek before the first timestamp (a seek *to* the first
+    timestamp in an MPEG-TS can land a few packets in, past the first keyframe), else to
+    byte 0 (formats that seek by bytes)."""
+    if seek(source, c, s, start_time(s) - REWIND):
+        return
+    try:
+        c.seek(0, stream=s, unsupported_byte_offset=True)
+    except Exception as e:
+        if source.network_failure(e):
+            raise source.network_error(e) from None
+        raise VideoError(f"{source.path}: cannot seek to the start ({type(e).__name__}: {e})") from None
+
+
+def start_time(s) -> float:
+    return float(s.start_time * s.time_base) if s.start_time is not None else 0.0
+
+
+# ---------- what the probe learns ----------
+@dataclass
+class StreamIndex:
+    """The stream's timeline as the probe measured it (stream clock, seconds), and how to read it:
+    whether the demuxer keeps a keyframe index, how it resyncs past damage, whether the file ends
+    inside a TS packet, and the recorded spans (None: the timestamps never jump)."""
+
+    indexed: bool  # MP4/MKV keep a keyframe index in memory; MPEG-TS does not
+    resync: str | None  # "bytes" (Matroska), "dts" (MPEG-TS/PS) or None: how lost data shows
+    cut: bool  # an MPEG-TS that ends inside a TS packet: its last PES is partial
+    start: float  # the stream's first timestamp
+    last_pts: float  # the latest packet time
+    frame_dur: float  # 1 / fps
+    spans: list[tuple[float, float]] | None  # video clock: the parts that hold frames
+
+    def keyframe_before(self, s, target: float) -> float | None:
+        """Time (stream clock) of the keyframe a backward seek to `target` lands on, from the
+        demuxer's index (MP4/MKV keep one in memory after opening; nothing is read). None
+        without an index: what an MPEG-TS demuxer fills in while seeking is guesswork."""
+        if not self.indexed:
+            return None
+        entries = s.index_entries
+        if len(entries) == 0:
+            return None
+        j = entries.search_timestamp(round(target / float(s.time_base)), backward=True)
+        if j < 0:
+            return self.start
+        return float(entries[j].timestamp * s.time_base)
+
+    def resume_points(self, s, after: float) -> Iterator[float]:
+        """Seek times past `after` to resume a stream that stopped early: the index's next
+        keyframes, or without an index steps growing from 1 s."""
+        tb = float(s.time_base)
+        if self.indexed:
+            entries = s.index_entries
+            ts = math.floor(after / tb) + 1
+            while (j := entries.search_timestamp(ts, backward=False)) >= 0:
+                e = entries[j]
+                yield e.timestamp * tb
+                ts = e.timestamp + 1
+            return
+        step = 1.0
+        while after + step <= self.last_pts:
+            yield after + step
+            step *= 1.5
+
+    def in_jump(self, t: float) -> bool:
+        """Whether `t` (video clock) lies where the timestamps jump and nothing was recorded."""
+        return self.spans is not None and not any(a - EPS <= t <= b + EPS for a, b in self.spans)
+
+    def recorded(self, start: float, end: float) -> list[tuple[float, float]]:
+        """The parts of [start, end] (video clock) that hold frames."""
+        if self.spans is None:
+            return [(start, end)]
+        return [(max(a, start), min(b, end)) for a, b in self.spans if min(b, end) > max(a, start)]
+
+
+# ---------- the probe ----------
+def probe(source: Source, c, s) -> tuple[StreamIndex, VideoInfo]:
+    """Measure the stream from its packets (nothing decoded): the index, and its VideoInfo with the
+    coded frame size (the reader turns it upright). A stream without frames is a VideoError."""
+    # Before any seek: seeking an MPEG-TS fills its index with guesses (every packet a "keyframe").
+    indexed = len(getattr(s, "index_entries", ())) > 0
+    fmt = c.format.name or ""
+    resync = "bytes" if "matroska" in fmt else "dts" if fmt in ("mpegts", "mpeg") else None
+    size = source.size(c)
+    cut = fmt == "mpegts" and all(size % n for n in (188, 192, 204))  # ends inside a TS packet
+    fps = float(s.average_rate or s.guessed_rate or 0) or 0.0
+    duration = None
+    if s.duration is not None and s.time_base is not None:
+        duration = float(s.duration * s.time_base)
+    elif c.duration is not None:
+        duration = c.duration / 1_000_000
+    start = float(s.start_time * s.time_base) if s.start_time is not None and s.time_base else 0.0
+    num_frames = int(s.frames or 0)
+    # Demux packet timestamps (cheap, no decoding) to check the file holds frames and
+    # that its stated duration is real: a truncated file states more than it has.
+    # Only the tail is read when a duration is stated (a long file is not scanned whole).
+    last_pts, count, tail = None, 0, []
+    for scan_from in ([max(duration - 10.0, 0.0), None] if duration else [None]):
+        if scan_from is not None:
+            if not seek(source, c, s, scan_from + start):
+                continue
+        elif duration:
+            rewind(source, c, s)
+        last_pts, count, tail = _scan_pts(source, c, s)
+        if count:
+            break
+    if count == 0:
+        raise VideoError(f"{source.path}: video stream holds no frames (truncated or empty)")
+    step = _median_step(tail, s.time_base) or (1.0 / fps if fps > 0 else 0.0)
+    jumps = _find_jumps(source, c, s, step) if step > 0 and indexed else []
+    if jumps:  # a mean rate over the stated span counts the jumps' empty hours: the typical step instead
+        fps = 1.0 / step
+    frame_dur = 1.0 / fps if fps > 0 else 0.0
+    measured = last_pts - start + frame_dur
+    truncated = duration is None or duration <= 0 or measured < duration - 2 * frame_dur
+    if truncated:
+        duration = measured
+    spans = _recorded_spans(jumps, start, step, duration) if jumps else None
+    recorded = sum(b - a for a, b in spans) if spans else duration
+    if truncated and fps > 0 and num_frames:  # a count stated for the whole file: cut to what is there
+        num_frames = min(num_frames, int(round(recorded * fps)))
+    if fps <= 0:
+        fps = 25.0  # unknown rate: timestamps still come from pts, fps only sets the crop gap
+    index = StreamIndex(indexed=indexed, resync=resync, cut=cut, start=start, last_pts=last_pts,
+                        frame_dur=1.0 / fps, spans=spans)
+    gaps = [(a, b) for (_, a), (b, _) in zip(spans, spans[1:])] if spans else []
+    info = VideoInfo(duration=duration, fps=fps, num_frames=num_frames or int(round(recorded * fps)),
+                     width=s.codec_context.width, height=s.codec_context.height, gaps=gaps)
+    return index, info
+
+
+def _scan_pts(source: Source, c, s) -> tuple[float | None, int, list[int]]:
+    """Latest packet time (stream clock), packet count and the last 512 packets' pts, from the
+    current position to the end. A demux error ends the scan (damaged data) but fails only if
+    no packet came before it; a network failure always fails."""
+    last, count, recent = None, 0, deque(maxlen=512)
+    try:
+        for packet in c.demux(s):
+            if packet.pts is not None:
+                t = float(packet.pts * s.time_base)
+                last = t if last is None else max(last, t)
+                count += 1
+                recent.append(packet.pts)
+    except Exception as e:
+        if (err := source.failed_network(e)) is not None:
+            raise err from None
+        if count == 0:
+            raise VideoError(f"{source.path}: corrupt or truncated video ({type(e).__name__}: {e})") from None
+    return last, count, list(recent)
+
+
+def _median_step(pts: list[int], time_base) -> float:
+    """The typical step (s) between consecutive frame timestamps (0 with fewer than two): a frame
+    rate that a jump of the timestamps, or a few long VFR frames, does not move. On the integer
+    pts, so that 0.1 s steps far into a file stay 0.1, not 0.1 plus float noise."""
+    pts = sorted(set(pts))
+    steps = [b - a for a, b in zip(pts, pts[1:])]
+    return float(statistics.median_low(steps) * time_base) if steps else 0.0
+
+
+def _find_jumps(source: Source, c, s, step: float) -> list[tuple[float, float]]:
+    """(last frame before, first frame after), stream clock, of each jump of the timestamps: a
+    step between consecutive frames over JUMP_S and JUMP_FRAMES typical steps. Candidates are
+    steps of the demuxer's index (in memory: MP4's every sample, Matroska's cues), each checked
+    on the packets between its two entries. Only called with an index (MPEG-TS has none)."""
+    tb = float(s.time_base)
+    limit = max(JUMP_S, JUMP_FRAMES * step)
+    ticks = [e.timestamp for e in s.index_entries]  # FFmpeg keeps them in time order
+    over = limit / tb
+    jumps: set[tuple[float, float]] = set()
+    for a, b in zip(ticks, ticks[1:]):
+        if b - a > over:
+            jumps.update(_jumps_between(source, c, s, a * tb, b * tb, limit))
+    return sorted(jumps)
+
+
+def _jumps_between(source: Source, c, s, a: float, b: float, limit: float) -> list[tuple[float, float]]:
+    """The jumps among the packets from index time `a` to `b` (demuxed, not decoded)."""
+    if not seek(source, c, s, a):
+        return []
+    tb, times = float(s.time_base), []
+    try:
+        for packet in c.demux(s):
+            if packet.pts is None:
+                continue
+            times.append(float(packet.pts * tb))
+            if times[-1] >= b - EPS:
+                break
+    except Exception as e:  # damaged data: what was read is what there is
+        if (err := source.failed_network(e)) is not None:
+            raise err from None
+    times.sort()
+    return [(x, y) for x, y in zip(times, times[1:]) if y - x > limit]
+
+
+def _recorded_spans(jumps: list[tuple[float, float]], start: float, step: float,
+                    duration: float) -> list[tuple[float, float]]:
+    """The parts of the video clock (0..duration) that hold frames, around timestamp jumps given
+    as (last frame before, first frame after) on the stream clock; the frame before a jump lasts
+    one typical step."""
+    spans, lo = [], 0.0
+    for a, b in jumps:
+        spans.append((lo, round(a - start + step, 6)))
+        lo = round(b - start, 6)
+    spans.append((lo, duration))
+    return spans
