@@ -37,10 +37,11 @@ answer before the run, or the model failing on `max_consecutive_errors` samples 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import tempfile
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -48,7 +49,8 @@ from lmms_eval.api.model import lmms
 from loguru import logger as eval_logger
 
 from paravt.eval.benchmarks import LETTERS, MissingVideo, Sample
-from paravt.eval.runner import RESULTS, ManifestMismatch, eval_config, latest_rows, read_results, run_eval_async
+from paravt.eval.runner import (RESULTS, ManifestMismatch, eval_config, latest_rows, read_results, run_eval_async,
+                                write_text)
 from paravt.protocol import QUESTION_TYPES
 from paravt.rewards import options_from_question, parse_span
 
@@ -103,14 +105,15 @@ class Settings:
     @classmethod
     def from_model_args(cls, args: dict[str, Any]) -> "Settings":
         """Settings from lmms-eval's parsed model args; an unknown key is an error naming the known ones.
-        lmms-eval turns "64" into 64 and "none"-like strings stay strings: "none"/"" mean unset."""
+        lmms-eval turns "64" into 64; for an optional arg "none" or "" means unset (mode=none is a mode)."""
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(set(args) - set(known))
         if unknown:
             raise ValueError(f"paravt: unknown model arg(s) {', '.join(unknown)}; known: {', '.join(known)}")
         kw: dict[str, Any] = {}
         for k, v in args.items():
-            if isinstance(v, str) and v.strip().lower() in ("", "none", "null"):
+            optional = "None" in str(known[k].type)
+            if optional and isinstance(v, str) and v.strip().lower() in ("", "none", "null"):
                 v = None
             if v is not None:
                 kw[k] = _typed(k, v, known[k].type)
@@ -337,21 +340,24 @@ class ParaVT(lmms):
             r.sample.id = sid
             samples.append(r.sample)
         out_dir = self.traces / _safe_name(task)
+        if not samples:  # nothing to run: still say which documents had no video
+            out_dir.mkdir(parents=True, exist_ok=True)
+            write_text(out_dir / "missing_videos.jsonl", "".join(json.dumps(asdict(m)) + "\n" for m in missing))
+            return {r.index: NO_ANSWER for r in reqs}
         s = self.settings
-        if samples:
-            manifest = {"lmms_eval_task": task, "answer": s.answer, "question_type": s.question_type,
-                        "info": {"endpoints": s.endpoint_list(), "harness": "lmms-eval"}}
-            try:
-                summary = asyncio.run(run_eval_async(
-                    samples, self._backends, self.config, out_dir, concurrency=s.concurrency, progress=True,
-                    model=s.model_id(), manifest=manifest, missing=missing,
-                    sample_timeout_s=s.sample_timeout or None, max_consecutive_backend_errors=s.max_consecutive_errors))
-            except ManifestMismatch as e:
-                raise ManifestMismatch(f"paravt: {e}. Here: give traces=DIR or another --output_path") from None
-            if summary.get("errors"):
-                eval_logger.warning(f"paravt: {task}: {summary['errors']} of {summary['n']} episodes failed, answered "
-                                    f"{NO_ANSWER}; causes: {summary.get('error_causes')}; rows in {out_dir / RESULTS}")
-        rows = latest_rows(read_results(out_dir / RESULTS, repair=False)) if samples else {}
+        manifest = {"lmms_eval_task": task, "answer": s.answer, "question_type": s.question_type,
+                    "info": {"endpoints": s.endpoint_list(), "harness": "lmms-eval"}}
+        try:
+            summary = asyncio.run(run_eval_async(
+                samples, self._backends, self.config, out_dir, concurrency=s.concurrency, progress=True,
+                model=s.model_id(), manifest=manifest, missing=missing, sample_timeout_s=s.sample_timeout or None,
+                max_consecutive_backend_errors=s.max_consecutive_errors))
+        except ManifestMismatch as e:
+            raise ManifestMismatch(f"paravt: {e}. Here: give traces=DIR or another --output_path") from None
+        if summary.get("errors"):
+            eval_logger.warning(f"paravt: {task}: {summary['errors']} of {summary['n']} episodes failed, answered "
+                                f"{NO_ANSWER}; causes: {summary.get('error_causes')}; rows in {out_dir / RESULTS}")
+        rows = latest_rows(read_results(out_dir / RESULTS, repair=False))
         return {r.index: (response_of(rows.get(sid), r.sample.question_type, s.answer) if r.sample else NO_ANSWER)
                 for r, sid in zip(reqs, ids)}
 
