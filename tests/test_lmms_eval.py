@@ -57,7 +57,8 @@ def run_lmms_eval(tmp: Path, name: str, tasks: str, model_args: str, include: Pa
     and {task: [logged samples in doc order]}. lmms-eval exits 0 after an error too: the results
     file must exist."""
     out = tmp / name
-    env = dict(os.environ, HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env = dict(os.environ, HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false")
     cmd = [sys.executable, "-m", "lmms_eval", "--model", "paravt", "--model_args", model_args, "--tasks", tasks,
            "--include_path", str(include), "--output_path", str(out), "--log_samples", *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
@@ -67,7 +68,7 @@ def run_lmms_eval(tmp: Path, name: str, tasks: str, model_args: str, include: Pa
     for path in glob.glob(str(out / "**" / "*_samples_*.jsonl"), recursive=True):
         rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
         samples[Path(path).stem.split("_samples_", 1)[1]] = sorted(rows, key=lambda x: x["doc_id"])
-    return {"results": json.loads(Path(found[0]).read_text()), "samples": samples, "out": out, "log": r.stdout + r.stderr}
+    return {"results": json.loads(Path(found[0]).read_text()), "samples": samples, "out": out}
 
 
 def trace_rows(out: Path, task: str) -> dict[str, dict]:
@@ -201,13 +202,16 @@ def bench_tasks(tmp_path_factory):
         f"include: {TASKS / 'videomme' / 'videomme.yaml'}\ntask: videomme_local\ndataset_path: parquet\n"
         f"dataset_kwargs:\n  data_files:\n    test: {vmme}\n  cache_dir: videomme\n  video: True\n")
     (hf / "videomme" / "subtitle").mkdir()
-    (hf / "videomme" / "subtitle" / "fFjv93ACGo8.srt").write_bytes((FIX / "videomme" / "subtitle" / "fFjv93ACGo8.srt").read_bytes())
+    srt = FIX / "videomme" / "subtitle" / "fFjv93ACGo8.srt"
+    (hf / "videomme" / "subtitle" / srt.name).write_bytes(srt.read_bytes())
     (include / "videomme_w_subtitle_local.yaml").write_text(
         f"include: {TASKS / 'videomme' / 'videomme_w_subtitle.yaml'}\ntask: videomme_w_subtitle_local\n"
-        f"dataset_path: parquet\ndataset_kwargs:\n  data_files:\n    test: {vmme}\n  cache_dir: videomme\n  video: True\n")
+        f"dataset_path: parquet\ndataset_kwargs:\n  data_files:\n    test: {vmme}\n  cache_dir: videomme\n"
+        "  video: True\n")
     (include / "charades_local.yaml").write_text(
         f"include: {TASKS / 'charades_sta' / 'charades.yaml'}\ntask: charades_local\ndataset_path: json\n"
-        f"dataset_kwargs:\n  data_files:\n    test: {tmp / 'charades.json'}\n  cache_dir: charades_sta\n  video: True\n")
+        f"dataset_kwargs:\n  data_files:\n    test: {tmp / 'charades.json'}\n  cache_dir: charades_sta\n"
+        "  video: True\n")
     return {"tmp": tmp, "hf": hf, "include": include, "charades_docs": docs}
 
 
@@ -411,7 +415,7 @@ def test_local_synthvt_task_scores_as_paravt_eval(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     theirs = run_lmms_eval(tmp_path, "lmms", "synthvt_mcq", "frames=4,concurrency=1", include, tmp_path / "hf")
 
-    paravt_rows = {json.loads(line)["id"]: json.loads(line) for line in (ours / "results.jsonl").read_text().splitlines()}
+    paravt_rows = {r["id"]: r for r in map(json.loads, (ours / "results.jsonl").read_text().splitlines())}
     traces = trace_rows(theirs["out"], "synthvt_mcq")
     logged = theirs["samples"]["synthvt_mcq"]
     assert len(logged) == 6
@@ -548,7 +552,8 @@ def test_traces_open_in_paravt_eval_report(bench_tasks, tmp_path):
         run = run_lmms_eval(t["tmp"], "report", "charades_local", f"model={server.url},frames=4", t["include"], t["hf"],
                             "--limit", "2")
     html = tmp_path / "report.html"
-    r = subprocess.run([sys.executable, "-m", "paravt", "eval", "report", str(run["out"] / "paravt_traces" / "charades_local"),
-                        "--html", str(html), "--thumbs", "2"], capture_output=True, text=True, timeout=300)
+    traces = run["out"] / "paravt_traces" / "charades_local"
+    r = subprocess.run([sys.executable, "-m", "paravt", "eval", "report", str(traces), "--html", str(html), "--thumbs",
+                        "2"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert html.is_file() and "charades_local" in html.read_text()
