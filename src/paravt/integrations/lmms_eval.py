@@ -37,8 +37,10 @@ answer before the run, or the model failing on `max_consecutive_errors` samples 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import os
+import shutil
 import sys
 import tempfile
 from dataclasses import asdict, dataclass, fields
@@ -268,7 +270,9 @@ def traces_root(settings: Settings, argv: list[str] | None = None) -> tuple[Path
     out = output_path_from_argv(sys.argv if argv is None else argv)
     if out:
         return Path(out).expanduser() / TRACES_DIR, True
-    return Path(tempfile.mkdtemp(prefix="paravt_traces_")), False
+    tmp = Path(tempfile.mkdtemp(prefix="paravt_traces_"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+    return tmp, False
 
 
 # ----------------------------------------------------------------------------------------------
