@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # torch 2.13 CPU: a pinned range keeps pip from pulling a multi-GB CUDA build on CPU machines.
 TORCH_SPEC ?= torch>=2.6,<=2.13.0
 
-.PHONY: demo test venv install install-test chromium clean
+.PHONY: demo test venv install install-test chromium lmms-eval-env clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,10 @@ chromium:
 
 test: install-test chromium
 	$(PY) -m pytest -q
+
+# opt-in: lmms-eval beside paravt in .venv-lmms (scripts/lmms_eval_env.sh says why it is separate)
+lmms-eval-env:
+	PYTHON=$(PYTHON) TORCH_SPEC="$(TORCH_SPEC)" scripts/lmms_eval_env.sh .venv-lmms
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache

@@ -52,13 +52,20 @@ def test_mcq(pred, expected):
 @pytest.mark.parametrize(
     "pred, answer, expected",
     [
-        ("J", "J", 1.0), ("J", "(J) tenth", 1.0), ("A", "A. blue", 1.0), ("D", "D. a man walks", 1.0),
+        ("A", "A. blue", 1.0), ("D", "D. a man walks", 1.0),
         ("a man walks", "D", 1.0),  # read as option D's text, not as the letter A
         ("A", "D", 0.0),
     ],
 )
 def test_mcq_ground_truth_forms(pred, answer, expected):
     assert accuracy_reward(pred, answer, "mcq", options=OPTS) == expected
+
+
+def test_mcq_tenth_letter():
+    ten = [f"{c}. option {c}" for c in "ABCDEFGHIJ"]
+    assert accuracy_reward("J", "J", "mcq", options=ten) == 1.0
+    assert accuracy_reward("J", "(J) tenth", "mcq", options=ten) == 1.0
+    assert accuracy_reward("J", "(J) tenth", "mcq", options=OPTS) == 0.0  # J is not one of the four options
 
 
 def test_mcq_options_read_from_the_question():
@@ -77,6 +84,16 @@ def test_mcq_options_read_from_the_question():
 )
 def test_mcq_letter(text, letter):
     assert mcq_letter(text) == letter
+
+
+@pytest.mark.parametrize("text", ["E", "(E)", "The answer is E", "Option E", "E. purple"])
+def test_a_letter_the_question_does_not_offer_is_no_answer(text):
+    """Video-MME's and lmms-eval's scorers read only the question's letters: "E" of four options is
+    no answer there, and here (without the options any A-J letter is read)."""
+    four = ["A. red", "B. green", "C. blue", "D. white"]
+    assert mcq_letter(text, four) is None
+    assert mcq_letter(text, four + ["E. purple"]) == "E"
+    assert mcq_letter(text) == "E"
 
 
 # ---- accuracy: tvg ---------------------------------------------------------------------------------

@@ -8,6 +8,14 @@ import pytest
 from paravt.video import VideoError, VideoReader, overview_times, resize_to_budget, sample_times
 from videotools import decode_stripe, make_audio_only, make_jump_video, make_test_video, noisy_stripe_frame
 
+# The demuxer's keyframe index (Stream.index_entries) came with PyAV 17. Without it (PyAV 15.1, the
+# newest lmms-eval allows) a file is read as an MPEG-TS is: the same frames, found with more decoding,
+# and timestamp jumps are not recognised. These tests need it; the rest pass on PyAV 15.1.
+import av  # noqa: E402
+
+needs_demuxer_index = pytest.mark.skipif(not hasattr(av.video.stream.VideoStream, "index_entries"),
+                                         reason=f"PyAV {av.__version__} has no Stream.index_entries (PyAV >= 17)")
+
 FPS = 10
 
 
@@ -120,21 +128,21 @@ def test_frames_resized(tmp_path):
 def test_short_crop_does_not_decode_whole_file(tmp_path, monkeypatch):
     p = make_test_video(tmp_path / "long.mp4", seconds=120, fps=5, gop=25)
     r = VideoReader(p)
-    import av.container
+    import paravt.video.passes as V
 
     decoded = []
-    real_decode = av.container.InputContainer.decode
+    real_decode = V._decode  # every packet the reader decodes goes through it (PyAV's classes are immutable)
 
-    def counting(self, *a, **k):
-        for f in real_decode(self, *a, **k):
-            decoded.append(f)
-            yield f
+    def counting(packet):
+        frames = real_decode(packet)
+        decoded.extend(frames or [])
+        return frames
 
-    monkeypatch.setattr(av.container.InputContainer, "decode", counting)
+    monkeypatch.setattr(V, "_decode", counting)
     frames = r.crop(100, 103)
     for want, f in zip(sample_times(100, 103), frames):
         assert abs(decode_stripe(f.image) - want * 5) <= 0.5
-    assert len(decoded) < 60  # a GOP or two, not 600 frames
+    assert 0 < len(decoded) < 60  # a GOP or two, not 600 frames
 
 
 def test_thread_safe(striped):
@@ -241,6 +249,7 @@ def test_variable_frame_rate_uses_pts(tmp_path):
         assert f.timestamp == pytest.approx(times[want], abs=1e-3)
 
 
+@needs_demuxer_index
 def test_dense_targets_decode_each_frame_once(tmp_path):
     """Targets closer than the keyframe spacing (3.75 s vs 10 s GOP): one sequential pass,
     not a re-seek (and a re-decode of the same GOP) per target."""
@@ -260,6 +269,7 @@ def test_sparse_targets_seek_per_target(tmp_path):
     assert r.frames_decoded <= 4 * (20 + 1)
 
 
+@needs_demuxer_index
 def test_all_keyframe_crop_decodes_only_near_targets(tmp_path):
     p = make_test_video(tmp_path / "intra.mp4", seconds=60, fps=10, gop=1)
     r = VideoReader(p)
@@ -551,6 +561,7 @@ def jumped(request, tmp_path_factory):
     return make_jump_video(tmp_path_factory.mktemp("jump") / f"jump{gop}.{ext}", gop=gop, jump_s=JUMP_S)
 
 
+@needs_demuxer_index
 def test_jump_probe_counts_the_frames_there_are(jumped):
     """100 frames at 10 fps, not 10 h x 10 fps (MKV) or 100 frames / 10 h (MP4's mean rate)."""
     info = VideoReader(jumped).probe()
@@ -559,6 +570,7 @@ def test_jump_probe_counts_the_frames_there_are(jumped):
     assert info.gaps == [(pytest.approx(5.0), pytest.approx(36005.0))]
 
 
+@needs_demuxer_index
 def test_jump_overview_spreads_over_the_recorded_frames(jumped):
     r = VideoReader(jumped)
     for k in (4, 8, 16):
@@ -572,6 +584,7 @@ def test_jump_overview_spreads_over_the_recorded_frames(jumped):
     assert [decode_stripe(f.image) for f in r.overview(100)] == list(range(100))  # every frame once
 
 
+@needs_demuxer_index
 def test_jump_crop_returns_its_window_or_says_why(jumped):
     r = VideoReader(jumped)
     with pytest.raises(VideoError, match=r"no frames in \[14404, 21606\] s: nothing was recorded there \(its "

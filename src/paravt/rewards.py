@@ -128,7 +128,16 @@ def mcq_letter(text: str | None, options: list[str] | None = None) -> str | None
     Tried in order: a bare letter ("B", "(B)", "B."); the text of one option; an answer phrase
     ("The answer is B"); "Option B" naming one letter; a leading letter ("B. red"); a single
     stand-alone capital A–J anywhere. The option text comes before the leading letter so that
-    an option like "A red circle" is not read as the letter A."""
+    an option like "A red circle" is not read as the letter A. With the options known, a letter
+    the question does not offer ("E" of four) is no answer, as the benchmarks' own scorers read it
+    (Video-MME and lmms-eval look for A-D only; docs/lmms_eval.md)."""
+    letter = _any_letter(text, options)
+    if letter is not None and options and letter not in LETTERS[: len(options)]:
+        return None
+    return letter
+
+
+def _any_letter(text: str | None, options: list[str] | None) -> str | None:
     if not text:
         return None
     s = P.strip_tags(str(text)).replace("*", "").strip()
@@ -216,7 +225,7 @@ def accuracy_reward(
         return 1.0
     if question_type == "mcq":
         options = options or options_from_question(question)
-        gt = mcq_letter(answer, options)
+        gt = _any_letter(answer, options)  # the truth as given, even a letter the options lack
         return float(gt is not None and mcq_letter(prediction, options) == gt)
     if cfg.oe_metric == "exact":
         return 0.0
