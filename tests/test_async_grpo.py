@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from paravt.ask import DEFAULT_MODEL
+from paravt.procs import group_members
 from paravt.train.grpo import ppo_loss
 
 
@@ -358,16 +359,7 @@ def process_state(pid: int) -> str | None:
 
 
 def group_alive(pgid: int) -> bool:
-    """Whether a process of group `pgid` runs (zombies aside)."""
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                return True
-    return False
+    return bool(group_members(pgid))
 
 
 @pytest.mark.slow

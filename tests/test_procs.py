@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from paravt.procs import free_port, port_is_free, start_guarded, stop_group, stop_leftovers
+from paravt.procs import free_port, group_members as members, port_is_free, start_guarded, stop_group, stop_leftovers
 
 # A stand-in server: listens on its port (argv[1]); with "fork", a child of it listens on nothing and
 # sleeps (as vLLM's engine processes do beside its API server).
@@ -28,19 +28,6 @@ SERVER = textwrap.dedent("""
     print("ready", flush=True)
     time.sleep(600)
 """)
-
-
-def members(pgid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                out.append(int(d.name))
-    return out
 
 
 def wait_until(cond, timeout_s: float) -> float:

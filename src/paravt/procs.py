@@ -106,14 +106,14 @@ def stop_leftovers(folder: str | Path, grace_s: float = GRACE_S) -> list[str]:
         except (OSError, ValueError, KeyError, TypeError):
             f.unlink(missing_ok=True)  # an old plain pid file, or a torn one: nothing to trust
             continue
-        members = _group_members(pgid, port)
+        members = group_members(pgid, port)
         if members:
             for sig in (signal.SIGTERM, signal.SIGCONT):
                 _signal_group(pgid, sig)
             deadline = time.monotonic() + grace_s
-            while _group_members(pgid, port) and time.monotonic() < deadline:
+            while group_members(pgid, port) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            if _group_members(pgid, port):
+            if group_members(pgid, port):
                 _signal_group(pgid, signal.SIGKILL)
             stopped.append(f"stopped a server an earlier run left running (process group {pgid}, port {port}, "
                            f"{len(members)} process(es); from {f.name})")
@@ -136,10 +136,10 @@ def _start_ticks(pid: int) -> int | None:
         return None
 
 
-def _group_members(pgid: int, port: int | None) -> list[int]:
-    """The live processes of group `pgid` — only if one of them names `port` as an argument of its
-    command line (a group id, once free, can be taken by an unrelated group). Without /proc: the group's
-    existence alone."""
+def group_members(pgid: int, port: int | None = None) -> list[int]:
+    """The live processes of group `pgid` (zombies aside) — with `port`, only if one of them names it
+    as an argument of its command line (a group id, once free, can be taken by an unrelated group).
+    Without /proc: the group's existence alone."""
     proc = Path("/proc")
     if not proc.is_dir():
         try:
