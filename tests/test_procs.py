@@ -114,3 +114,29 @@ def test_a_pid_file_of_a_finished_run_or_a_reused_group_id_stops_nothing(tmp_pat
     (tmp_path / "gone.pid").write_text(json.dumps({"pid": os.getpid(), "pgid": os.getpgrp(), "port": 1}))
     assert stop_leftovers(tmp_path) == []  # this test's own group does not name port 1: not a server of ours
     assert not list(tmp_path.glob("*.pid"))
+
+
+def test_a_stop_signal_waits_for_a_held_block_then_stops_the_run():
+    """SIGTERM raises Stop at once, except inside signals_held() (a checkpoint's write): there it
+    waits for the block to end."""
+    script = textwrap.dedent("""
+        import os, signal, time
+        from paravt.procs import Stop, signals_held, stop_on_signals
+        stop_on_signals()
+        try:
+            with signals_held():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.2)
+                print("the held block finished", flush=True)
+        except Stop as e:
+            print("stopped after it:", e.args[0], flush=True)
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+            print("not stopped")
+        except Stop as e:
+            print("stopped at once:", e.args[0], flush=True)
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.stdout.splitlines() == ["the held block finished", "stopped after it: SIGTERM", "stopped at once: SIGINT"], \
+        r.stdout + r.stderr

@@ -195,8 +195,10 @@ def synth(
                               "control is always asked."),
     preset: str = typer.Option("", help="'mini': SynthVT-mini, the shrunk task the shipped tiny model is trained on; "
                                "'hard': SynthVT-hard, 210-300 s videos, several events, questions that need two or "
-                               "more windows, a sweep crop policy and a tool prior (each sets the length, event, "
-                               "kind, crop-policy and control options; see synth/dataset.py)."),
+                               "more windows, a sweep crop policy and a tool prior; 'paradox': the mini task with a "
+                               "tool prior of 0.9 and prior.parquet, the same episodes in another tool layout for "
+                               "pretraining a base model (docs/paradox.md) (each sets the length, event, kind, "
+                               "crop-policy and control options; see synth/dataset.py)."),
     tool_prior: float = typer.Option(None, help="Chance the oracle still crops (to confirm) when the overview already "
                                      "shows the evidence, 0-1 (default: the preset's, else 0: answer directly)."),
     captions: int = typer.Option(0, help="Also write captions.parquet: this many frame-description rows per video "
@@ -210,8 +212,8 @@ def synth(
     from paravt.synth.dataset import SynthConfig
 
     try:
-        if preset not in ("", "mini", "hard"):
-            raise ValueError(f"--preset must be 'mini', 'hard' or empty, got {preset!r}")
+        if preset not in ("", "mini", "hard", "paradox"):
+            raise ValueError(f"--preset must be 'mini', 'hard', 'paradox' or empty, got {preset!r}")
         task = dict(min_len=min_len, max_len=max_len, event_min=event_min, event_max=event_max,
                     n_events=_int_pair(n_events, "--n-events"), crop_policy=crop_policy, control=control,
                     kinds=tuple(k for k in kinds.replace(" ", "").split(",") if k))
@@ -245,29 +247,21 @@ _OVERRIDE = typer.Option([], "--override", "--set", "-o",
                          help="Override a config key, dotted for sections: -o steps=10 -o episode.max_turns=2")
 
 
-class _Terminated(BaseException):
-    """SIGTERM, raised in the main thread so that a run ends as on Ctrl-C: its servers stopped."""
-
-
-def _on_sigterm(signum, frame) -> None:
-    raise _Terminated()
-
-
 def _train(kind: str, config: str | None, overrides: list[str]) -> None:
+    from paravt.procs import Stop, stop_on_signals
     from paravt.train import run_training
 
     import os
-    import signal
 
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:  # torchrun manages its own processes' signals
-        signal.signal(signal.SIGTERM, _on_sigterm)
+        stop_on_signals()  # SIGTERM as Ctrl-C, neither in the middle of a checkpoint's write
     try:
         last = run_training(kind, config, overrides)
-    except (KeyboardInterrupt, _Terminated) as e:
-        why = "SIGTERM" if isinstance(e, _Terminated) else "interrupted"
+    except (KeyboardInterrupt, Stop) as e:
+        why = f"{e.args[0] if isinstance(e, Stop) and e.args else 'SIGINT'}"
         typer.secho(f"{why}: the run stopped, and the servers it started with it; its last checkpoint is kept: "
                     "rerun the same command to resume", fg=typer.colors.YELLOW, err=True)
-        raise typer.Exit(143 if isinstance(e, _Terminated) else 130) from None
+        raise typer.Exit(143 if why == "SIGTERM" else 130) from None
     except Exception as e:  # noqa: BLE001 - a long job's failure is one line; PARAVT_TRACEBACK=1 shows the stack
         if os.environ.get("PARAVT_TRACEBACK"):
             raise

@@ -31,6 +31,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 GRACE_S = 10.0  # SIGTERM, then this long, then SIGKILL
@@ -163,6 +164,46 @@ def group_members(pgid: int, port: int | None = None) -> list[int]:
         except (OSError, IndexError, ValueError):
             continue
     return members if named else []
+
+
+# ---- a run that is asked to stop
+
+
+class Stop(BaseException):
+    """SIGTERM or SIGINT asked the run to stop (raised in the main thread, as Ctrl-C raises
+    KeyboardInterrupt): `finally` blocks stop its servers; its last checkpoint stays."""
+
+
+_held = {"depth": 0, "pending": None}
+
+
+def stop_on_signals() -> None:
+    """SIGTERM and SIGINT raise Stop in the main thread, except inside `signals_held()`: there the
+    signal waits until the block ends (an exception raised in the middle of a checkpoint's write
+    leaves a half-written checkpoint, and torch's writer then fails with its own error)."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _on_stop)
+
+
+def _on_stop(signum, _frame) -> None:
+    name = signal.Signals(signum).name
+    if _held["depth"]:
+        _held["pending"] = name
+        return
+    raise Stop(name)
+
+
+@contextmanager
+def signals_held():
+    """A block that a stop signal does not interrupt (see stop_on_signals); the stop comes after it."""
+    _held["depth"] += 1
+    try:
+        yield
+    finally:
+        _held["depth"] -= 1
+    if not _held["depth"] and _held["pending"]:
+        name, _held["pending"] = _held["pending"], None
+        raise Stop(name)
 
 
 # ---- the guard process

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from paravt.synth.oracle import SWEEP_LEN, check_crop_policy, make_trajectory, sweep_windows, to_sft_rows
+from paravt.synth.prior import to_prior_rows
 from paravt.synth.questions import (check_control, check_kind_weights, check_kinds, evidence_visible, make_questions,
                                     predicted_visibility, visible_events)
 from paravt.synth.render import VideoSpec, check_frame, make_spec, spec_fingerprint, video_fingerprint, write_video
@@ -54,7 +55,15 @@ HARD_TASK = dict(min_len=210.0, max_len=300.0, event_min=2.0, event_max=2.5, n_e
                  kinds=("colour_oe", "order_oe", "count_oe", "compare_oe"),
                  kind_weights={"colour_oe": 0.35, "order_oe": 0.25, "count_oe": 0.15, "compare_oe": 0.25},
                  pair_gap=32.0, crop_policy="sweep", sweep_len=SWEEP_LEN, control="oe", tool_prior=0.85)
-PRESETS = {"mini": MINI_TASK, "hard": HARD_TASK}
+# SynthVT-paradox: the mini task with the two preconditions of the Tool Prior Paradox (docs/paradox.md).
+# - Where the tools pay: K = 64 shows the 1-4 s event in nearly every video, K = 4 in few, so the
+#   largest K answers most questions without a crop and small K needs them.
+# - tool_prior 0.9: the cold start's oracle crops (all five tiles) even where the overview shows the
+#   event, as the paper's cold start calls tools at every K (κ 2.50).
+# - prior.parquet: the same episodes in another tool layout (synth.prior: no think, one call a turn,
+#   untagged answers), to pretrain the base model whose tool habit competes with the cold start's.
+PARADOX_TASK = dict(MINI_TASK, tool_prior=0.9, prior_rows=True)
+PRESETS = {"mini": MINI_TASK, "hard": HARD_TASK, "paradox": PARADOX_TASK}
 
 
 @dataclass
@@ -80,6 +89,7 @@ class SynthConfig:
     pair_gap: float = 0.0  # seconds between the starts of the two events of an order_oe / compare_oe question
     colour_repeat: float = 0.3  # chance an event takes an earlier event's colour (counts above one)
     sweep_len: int = SWEEP_LEN  # window length of the sweep crop policy
+    prior_rows: bool = False  # also write prior.parquet: the oracle's episodes in the tool-prior layout (synth.prior)
 
     def __post_init__(self) -> None:
         if self.split not in SPLITS:
@@ -169,7 +179,7 @@ def build_split(out: str | Path, cfg: SynthConfig, progress=None) -> SplitSummar
     (out / "videos").mkdir(parents=True, exist_ok=True)
     ep = EpisodeConfig()  # the sub-agents' frame sampling, as the episode crops
     ks = sorted(set(K_VALUES) | set(cfg.oracle_k))
-    rl_rows, sft_rows, trajectories, annotations = [], [], [], []
+    rl_rows, sft_rows, prior_rows, trajectories, annotations = [], [], [], [], []
     n_q = n_event = 0
     vis = {k: 0 for k in K_VALUES}
     pred = {k: 0.0 for k in K_VALUES}
@@ -224,6 +234,8 @@ def build_split(out: str | Path, cfg: SynthConfig, progress=None) -> SplitSummar
                                        cfg.tool_prior, ep.max_turns - 1, cfg.sweep_len)
                 trajectories.append({"video": rel, **traj.to_dict()})
                 sft_rows += to_sft_rows(traj, q, rel, spec.duration, ep)
+                if cfg.prior_rows:
+                    prior_rows += to_prior_rows(traj, q, rel, spec.duration, ep)
             n_q += len(qs)
             annotations.append({"video_id": vid, "video": rel, **spec.to_dict(),
                                 "visible_at_k": {str(k): [e.name for e in visible_events(spec, overviews[k])]
@@ -236,6 +248,8 @@ def build_split(out: str | Path, cfg: SynthConfig, progress=None) -> SplitSummar
 
     _write_parquet(out / "rl.parquet", rl_rows)
     _write_parquet(out / "sft.parquet", [{**r, "messages": json.dumps(r["messages"])} for r in sft_rows])
+    if cfg.prior_rows:
+        _write_parquet(out / "prior.parquet", [{**r, "messages": json.dumps(r["messages"])} for r in prior_rows])
     _write_jsonl(out / "oracle.jsonl", trajectories)
     _write_jsonl(out / "annotations.jsonl", annotations)
     tool_eps = [t for t in trajectories if not t["direct"]]
@@ -249,7 +263,9 @@ def build_split(out: str | Path, cfg: SynthConfig, progress=None) -> SplitSummar
         question_kinds=dict(sorted(kinds.items())),
         oracle_direct=1 - len(tool_eps) / len(trajectories),
         oracle_mean_calls=float(np.mean([len(t["calls"]) for t in tool_eps])) if tool_eps else 0.0,
-        sft_rows={"main": sum(r["kind"] == "main" for r in sft_rows), "sub": sum(r["kind"] == "sub" for r in sft_rows)},
+        sft_rows={"main": sum(r["kind"] == "main" for r in sft_rows), "sub": sum(r["kind"] == "sub" for r in sft_rows),
+                  **({"prior_main": sum(r["kind"] == "main" for r in prior_rows),
+                      "prior_sub": sum(r["kind"] == "sub" for r in prior_rows)} if cfg.prior_rows else {})},
         oracle_direct_at_k={k: float(np.mean([t["direct"] for t in ts])) for k, ts in by_k.items()},
         oracle_calls_at_k={k: float(np.mean([len(t["calls"]) for t in ts])) for k, ts in by_k.items()},
         oracle_episodes_at_k={k: len(ts) for k, ts in by_k.items()},

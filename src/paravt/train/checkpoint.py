@@ -194,6 +194,14 @@ def _save_checkpoint(out: str | Path, model, processor, state: dict[str, Any], k
     `engine` every process must call this: the consolidated model and the shards are gathered and
     written collectively, the directory swaps are rank 0's. With `keep_as`, also keep a copy of the
     model at OUT/<keep_as> (e.g. step-numbered snapshots)."""
+    from paravt.procs import signals_held
+
+    with signals_held():  # a stop signal waits for the checkpoint to be whole
+        return _write_checkpoint(out, model, processor, state, keep_as, engine=engine, optimizer=optimizer)
+
+
+def _write_checkpoint(out: str | Path, model, processor, state: dict[str, Any], keep_as: str | None = None, *,
+                      engine=None, optimizer=None) -> Path:
     import torch
 
     from paravt.models.tiny import save_pretrained
