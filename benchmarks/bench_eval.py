@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,12 +29,7 @@ from rich.table import Table
 from paravt.backends.openai import OpenAIBackend
 from paravt.eval.benchmarks import load_benchmark
 from paravt.eval.runner import eval_config, run_eval_async
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from paravt.procs import free_port
 
 
 def start_servers(model: str, n: int, max_batch: int) -> tuple[list[subprocess.Popen], list[str]]:

@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/bench_rollouts.py --data data/mini_test [--vllm-python .venv-vllm/bin/python]
 
 A job is one GRPO rollout (prompt x rollout index, temperature 0.7, seeded), run through
-`train.grpo.run_rollouts` as the trainer runs them: all launched together, so each engine
+`train.grpo.rollouts.run_rollouts` as the trainer runs them: all launched together, so each engine
 batches them its own way. Tokens/s counts every generated token (main turns and sub-agents).
 The sync figure is `RolloutServers.sync` after `write_sync_weights`: write the consolidated
 safetensors, then pause, reload_weights, set the version, resume.

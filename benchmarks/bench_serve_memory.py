@@ -22,7 +22,6 @@ import base64
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -32,15 +31,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from paravt.procs import free_port
+
 SIDE = 4096
 N_IMAGES = 16
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "src" / "paravt" / "assets" / "tiny-paravt"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def big_image(seed: int) -> np.ndarray:

@@ -11,8 +11,8 @@ The step's sequences are those of `--prompts` x `--rollouts` episodes: each a ma
 (system + tools, K overview frames of 224x224 with timestamps, three generated turns of
 `--turn-tokens`, two rounds of five summaries) and `--subs` sub-agent sequences (16 frames, a
 `--sub-tokens` summary), token ids random, frames random pixels. They go through the trainer's own
-`train.grpo._update` (PPO-clip, k3 KL to a frozen sharded reference, token-mean over processes)
-with micro-batches of one sequence.
+`train.grpo.update.update_policy` (PPO-clip, k3 KL to a frozen sharded reference, token-mean over
+processes) with micro-batches of one sequence.
 
 FLOPs counted per processed token: 6 x parameters (forward and backward of the policy) + 2 x
 parameters (the reference's forward) + 2 x parameters (the recompute of activation checkpointing,

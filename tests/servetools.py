@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,11 +13,7 @@ from pathlib import Path
 
 import httpx
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from paravt.procs import free_port  # noqa: F401  (re-exported: the tests import it from here)
 
 
 @contextlib.contextmanager

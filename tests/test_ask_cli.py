@@ -4,7 +4,6 @@ The model is the ScriptedBackend (patched in for `make_backend`), so these tests
 check what is printed; tests/test_cli.py runs `ask` on the real tiny model."""
 
 import json
-import socket
 import time
 
 import pytest
@@ -14,6 +13,7 @@ import paravt.ask as ask_mod
 from paravt import protocol as P
 from paravt.agent import Episode, EpisodeConfig, run_episode_sync
 from paravt.backends.scripted import ScriptedBackend
+from paravt.procs import free_port
 from videotools import make_test_video
 
 runner = CliRunner()
@@ -137,9 +137,7 @@ def test_unreadable_model_path_is_a_clear_error(video, tmp_path):
 
 
 def test_server_down_is_a_clear_error(video):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     t = time.perf_counter()
     r = invoke(video, "Q?", "--model", f"http://127.0.0.1:{port}", "--frames", "4")
     one_line_error(r, f"127.0.0.1:{port}")

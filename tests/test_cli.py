@@ -48,11 +48,9 @@ def test_ask_bad_model_path_is_a_clear_error(synth_video, tmp_path):
 
 
 def test_ask_dead_server_is_a_clear_error(synth_video):
-    import socket
+    from paravt.procs import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     r = subprocess.run([sys.executable, "-m", "paravt", "ask", str(synth_video), "Q?", "--model",
                         f"http://127.0.0.1:{port}", "--frames", "4"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2

@@ -17,6 +17,7 @@ from paravt.backends.base import BackendError
 from paravt.backends.scripted import ScriptedBackend
 from paravt.eval.benchmarks import MissingVideo, load_benchmark
 from paravt.eval.runner import EvalAborted, ManifestMismatch, read_results, run_eval
+from paravt.procs import free_port
 
 CFG = EpisodeConfig(frames=4, max_turns=2, max_new_tokens=64)
 
@@ -484,15 +485,6 @@ def test_report_output_errors_are_one_line(full, tmp_path):
 # a model server that is not there: checked before the run, named in each row, a failed run exits 1
 
 
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then closed)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class DyingServer:
     """An OpenAI-compatible server on loopback that lists its model (the check before the run
     passes), then dies at the first chat request: that connection is dropped and the port closed,
@@ -545,7 +537,7 @@ class DyingServer:
 def test_a_dead_server_fails_the_run_before_anything_is_written(samples, tmp_path):
     from paravt.backends.openai import OpenAIBackend
 
-    url = f"http://127.0.0.1:{closed_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     want = f"model server unreachable: {url}: cannot connect (Connection refused)"
     with pytest.raises(BackendError) as e:
         run_eval(samples[:2], OpenAIBackend(url, timeout_s=60.0), CFG, tmp_path / "dead")
@@ -572,7 +564,7 @@ def test_cli_a_dead_server_is_one_line_and_writes_nothing(split, tmp_path):
 
     from paravt.cli import app
 
-    url = f"http://127.0.0.1:{closed_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     out = tmp_path / "dead"
     r = CliRunner().invoke(app, ["eval", "--bench", "synthvt", "--data", str(split), "--model", url, "--timeout", "2",
                                  "--frames", "4", "--limit", "2", "--out", str(out)])

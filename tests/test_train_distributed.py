@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import pickle
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,23 +16,19 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from paravt.procs import free_port
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 TOL = 1e-5  # fp32 sums in another order (two shards, then a reduce) differ by a few ulps
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(args: list[str], nproc: int, cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     if nproc > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
-               str(_port()), *args]
+               str(free_port()), *args]
     else:
         cmd = [sys.executable, *args]
     r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)

@@ -1,13 +1,13 @@
 """Videos behind HTTP(S): read through FFmpeg's http protocol (seeks are range requests) from a
 loopback server, with the model calls' deadline, and one-line errors that name the URL and the cause."""
 
-import socket
 import time
 
 import pytest
 
 from paravt.agent import EpisodeConfig, run_episode_sync
 from paravt.backends.scripted import ScriptedBackend
+from paravt.procs import free_port
 from paravt.video import VideoError, VideoReader
 from videotools import decode_stripe, make_test_video, noisy_stripe_frame, serve_files
 
@@ -20,13 +20,6 @@ def site(tmp_path_factory):
     make_test_video(root / "v.mp4", seconds=60, fps=10, gop=20, frames=noisy_stripe_frame)
     with serve_files(root, stall=30) as (url, log):
         yield root, url, log
-
-
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then closed)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_url_reads_as_the_file_does(site):
@@ -47,7 +40,7 @@ def test_a_bad_url_is_one_clear_line(site, case):
     _, url, _ = site
     video, cause = {
         "missing": (f"{url}/nope.mp4", "cannot read (Server returned 404 Not Found)"),
-        "refused": (f"http://127.0.0.1:{closed_port()}/v.mp4", "cannot read (Connection refused)"),
+        "refused": (f"http://127.0.0.1:{free_port()}/v.mp4", "cannot read (Connection refused)"),
         "stalled": (f"{url}/stall/v.mp4", "cannot read (no data within 1 s)"),
         "object-store": ("s3://bucket/v.mp4", "only http:// and https:// URLs are read"),
     }[case]
@@ -114,7 +107,7 @@ def test_ask_command_on_a_dead_url_is_one_line():
 
     from paravt.cli import app
 
-    video = f"http://127.0.0.1:{closed_port()}/v.mp4"
+    video = f"http://127.0.0.1:{free_port()}/v.mp4"
     r = CliRunner().invoke(app, ["ask", video, "What happens?"])
     assert r.exit_code == 2, r.output
     errors = [line for line in r.output.splitlines() if "error" in line.lower() or "Traceback" in line]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import httpx
 import pytest
 
 from paravt.ask import DEFAULT_MODEL
+from paravt.procs import free_port
 
 pytestmark = pytest.mark.vllm
 
@@ -31,12 +31,6 @@ if not VLLM_PYTHON.exists():
                 allow_module_level=True)
 
 QUESTION = "What colour was the diamond? Answer with one word."
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class VLLMServer:

@@ -40,7 +40,6 @@ Choices, and why:
 from __future__ import annotations
 
 import os
-import socket
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -48,6 +47,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
+
+from paravt.procs import free_port
 
 ENGINES = ("auto", "single", "ddp", "fsdp")
 
@@ -242,12 +243,6 @@ def _quiet_single_process() -> Iterator[None]:
         yield
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def init_engine(kind: str = "auto", device: str = "auto", mixed_precision: str = "no", *,
                 activation_checkpointing: bool = False, cpu_offload: bool = False) -> Engine:
     """The engine of this process: joins the process group `torchrun` describes (WORLD_SIZE,
@@ -278,7 +273,7 @@ def init_engine(kind: str = "auto", device: str = "auto", mixed_precision: str =
         if world > 1:
             dist.init_process_group(backend, device_id=dev if use_cuda else None)
         else:
-            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
         engine._owns_group = True
     return engine
 
