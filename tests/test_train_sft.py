@@ -224,3 +224,22 @@ def test_non_finite_updates_are_skipped_then_the_run_stops_in_one_line(split, ti
 def test_non_finite_settings_are_refused():
     with pytest.raises(ConfigError, match="lr: must be a finite number"):
         SFTConfig.load(None, ["lr=.inf"])
+
+
+def test_activation_checkpointing_gives_the_gradients_of_a_plain_backward(tiny_dir):
+    """`activation_checkpointing: true` (the 8B configs') recomputes the decoder layers' activations in
+    the backward pass: the same gradients, through the current transformers' API (its argument was
+    renamed, and the call failed with a TypeError)."""
+    from paravt.train.engine import init_engine
+
+    ids = torch.randint(10, 500, (2, 24), generator=torch.Generator().manual_seed(0))
+    grads = []
+    for checkpointing in (False, True):
+        model, _ = load_model(str(tiny_dir), device="cpu")
+        model = init_engine("single", "cpu", activation_checkpointing=checkpointing).prepare(model)
+        model.train()
+        model(input_ids=ids, labels=ids).loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 10
+    for n in grads[0]:
+        torch.testing.assert_close(grads[0][n], grads[1][n], atol=1e-6, rtol=1e-5)

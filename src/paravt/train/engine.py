@@ -118,8 +118,12 @@ class Engine:
         if frozen:
             model.requires_grad_(False).eval()
         elif self.activation_checkpointing:
-            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-            enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            # transformers >= 5.2x names it activation_checkpointing_enable(activation_checkpointing_kwargs=...);
+            # the older gradient_checkpointing_enable(gradient_checkpointing_kwargs=...) takes the same settings
+            if hasattr(model, "activation_checkpointing_enable"):
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.kind == "fsdp":
             return _shard(model, self)
         if self.kind == "ddp" and not frozen:
