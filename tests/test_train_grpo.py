@@ -158,6 +158,20 @@ def test_ppo_loss_by_hand():
     assert lp.grad.item() < 0
 
 
+def test_ppo_loss_ignores_untrained_positions_a_policy_cannot_produce():
+    """Padding of a micro-batch of several sequences can hold an image placeholder, whose log π is −inf
+    under every policy: with the KL in the loss that gave NaN (−inf − −inf) and the update was skipped."""
+    inf = float("-inf")
+    logp = torch.tensor([[-1.0, inf]], requires_grad=True)
+    old, ref = torch.tensor([[-1.2, inf]]), torch.tensor([[-0.9, inf]])
+    adv, mask = torch.tensor([[1.0, 0.0]]), torch.tensor([[1.0, 0.0]])
+    loss, stats = ppo_loss(logp, old, adv, mask, 1, 0.2, ref_logp=ref, kl_coef=0.1)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logp.grad).all() and logp.grad[0, 1] == 0
+    d = -0.9 + 1.0
+    assert float(stats["kl"]) == pytest.approx(np.exp(d) - d - 1, rel=1e-4)  # float32
+
+
 def test_recomputed_logprobs_match_the_sequence(tiny):
     """collate + token_logprobs give, per trained token, what the backend's helper computes."""
     model, processor = tiny

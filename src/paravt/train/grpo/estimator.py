@@ -128,8 +128,10 @@ def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tenso
         w · max(−A·r, −A·clip(r, 1 ± ε)),  r = π_θ/π_prox,  w = π_prox/π_behave.
     Tokens whose w exceeds `behave_cap` get no gradient (counted in `behave_masked`); they stay in
     the token-mean's denominator, as in the recipe."""
+    trained = mask > 0  # untrained positions (prompt, padding: an image placeholder's log π is −inf) stay out of
+    # every term: −inf − −inf is NaN, and NaN·0 poisons the whole gradient
     if prox_logp is None:
-        ratio = torch.exp(logp - old_logp)
+        ratio = torch.exp(torch.where(trained, logp - old_logp, torch.zeros_like(logp)))
     else:
         # a token one of the policies cannot produce (log π = −inf: a never-sampled id a server did
         # sample) has no ratio: no gradient, counted with the masked ones (−inf − −inf is NaN, and
@@ -149,7 +151,7 @@ def ppo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tenso
     stats["pg"] = (pg * mask).sum().detach()
     per_token = pg
     if ref_logp is not None and kl_coef > 0:
-        d = ref_logp - logp
+        d = torch.where(trained, ref_logp - logp, torch.zeros_like(logp))
         kl = torch.exp(d) - d - 1  # k3: unbiased, non-negative estimate of KL(π || π_ref)
         per_token = per_token + kl_coef * kl
         stats["kl"] = (kl * mask).sum().detach()
