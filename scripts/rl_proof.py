@@ -1,5 +1,5 @@
 """Does PARA-GRPO make the model better? Runs and reports it, resumably: PARA-GRPO and the release's
-vanilla GRPO from one start (the shipped model by default) on SynthVT, then held-out accuracy of the
+vanilla GRPO from one start (the shipped SFT start, tiny-paravt-sft, by default) on SynthVT, then held-out accuracy of the
 start and of each run's checkpoint at K = 4, 16, 64 (parallel dispatch), with 95 % intervals. Writes
 docs/rl.md (the table, the run settings, the command) and docs/rl_curves.png (reward, κ, fτ,
 entropy, KL per step).
@@ -167,7 +167,8 @@ def report(a) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--start", default=str(Path(__file__).resolve().parents[1] / "src/paravt/assets/tiny-paravt"))
+    p.add_argument("--start", default=str(Path(__file__).resolve().parents[1] / "src/paravt/assets/tiny-paravt-sft"),
+                   help="the SFT start (default: the shipped one, paravt.SFT_MODEL)")
     p.add_argument("--train", type=Path, default=Path("data/mini_train"))
     p.add_argument("--test", type=Path, default=Path("data/mini_test"))
     p.add_argument("--out", type=Path, default=Path("runs/rl_proof"))

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Reproduces the shipped tiny model (src/paravt/assets/tiny-paravt) from nothing, on CPU:
-# SynthVT-mini data, two-stage cold-start SFT, then the PARA-GRPO runs and ablations and their
-# evaluation (scripts/paradox.py), then copies the shipped checkpoint into the package.
-# Every step resumes when rerun. About 2 hours on 2 CPU cores.
+# Reproduces the shipped tiny models from nothing, on CPU: SynthVT-mini data, cold-start SFT (captions,
+# then oracle trajectories) shipped as src/paravt/assets/tiny-paravt-sft, then PARA-GRPO from it
+# (scripts/rl_proof.py) shipped as src/paravt/assets/tiny-paravt, the default model.
+# Every step resumes when rerun. About 3 hours on 2 CPU cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PARAVT=${PARAVT:-.venv/bin/paravt}
@@ -27,18 +27,20 @@ $PARAVT train sft --config src/paravt/configs/sft_tiny.yaml -o model=runs/sft_ti
 $PARAVT train sft --config src/paravt/configs/sft_tiny.yaml -o model=runs/sft_tiny_2b/checkpoint -o out=runs/sft_tiny_s3 \
   -o steps=400 -o lr=3e-4
 
-# 3. PARA-GRPO and the four ablations from the same SFT checkpoint, then the K x mode grid
-#    (the shipped figures: on a 16-core H100 machine with --jobs 16 --set device=cuda, 13 min)
-$PY scripts/paradox.py --sft runs/sft_tiny/checkpoint --train data/mini_train --test data/mini_test \
-  --out runs/paradox --docs docs --steps 60 "$@"
+# 3. ship the last SFT stage without optimizer state as the SFT start (tiny-paravt-sft)
+ship() {  # ship SRC DEST: a checkpoint's model files, without optimizer or trainer state
+  mkdir -p "$2"
+  for f in config.json generation_config.json model.safetensors tokenizer.json tokenizer_config.json \
+           chat_template.jinja preprocessor_config.json video_preprocessor_config.json; do
+    [ -f "$1/$f" ] && cp "$1/$f" "$2/"
+  done
+  echo "shipped $(du -sh "$2" | cut -f1) to $2"
+}
+ship "${SHIP_FROM:-runs/sft_tiny_s3/checkpoint}" src/paravt/assets/tiny-paravt-sft
 
-# 4. ship the last SFT stage without optimizer state (no RL run beat its SFT start on the test
-#    split; see docs/paradox.md)
-src=${SHIP_FROM:-runs/sft_tiny_s3/checkpoint}
-dest=src/paravt/assets/tiny-paravt
-mkdir -p "$dest"
-for f in config.json generation_config.json model.safetensors tokenizer.json tokenizer_config.json \
-         chat_template.jinja preprocessor_config.json video_preprocessor_config.json; do
-  [ -f "$src/$f" ] && cp "$src/$f" "$dest/"
-done
-echo "shipped $(du -sh "$dest" | cut -f1) to $dest"
+# 4. PARA-GRPO (300 steps) and the release's vanilla GRPO from it, with their held-out evaluation
+#    (docs/rl.md); the PARA-GRPO checkpoint is the default model (tiny-paravt). About 80 min a run
+#    on one CPU thread; the two run at once.
+[ -f data/mini_test/rl.parquet ] || $PARAVT synth --preset mini --out data/mini_test --n 300 --split test --seed 0
+$PY scripts/rl_proof.py --start src/paravt/assets/tiny-paravt-sft --steps 300 --limit 200
+ship runs/rl_proof/rl/para_token/checkpoint src/paravt/assets/tiny-paravt

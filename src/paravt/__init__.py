@@ -4,9 +4,12 @@ from pathlib import Path
 
 __version__ = "0.1.0"
 
-# The trained tiny checkpoint that ships with the package (1.4 M parameters, SynthVT only): what
-# `ask`, `eval`, `demo` and `serve` use when no model is named and $PARAVT_MODEL is unset.
+# The trained tiny checkpoint that ships with the package (1.4 M parameters, SynthVT only: cold-start
+# SFT, then PARA-GRPO): what `ask`, `eval`, `demo` and `serve` use when no model is named and
+# $PARAVT_MODEL is unset.
 DEFAULT_MODEL = Path(__file__).parent / "assets" / "tiny-paravt"
+# Its cold-start SFT stage, the start of PARA-GRPO (scripts/rl_proof.py; tests that train from it).
+SFT_MODEL = Path(__file__).parent / "assets" / "tiny-paravt-sft"
 
 
 def load_default(device: str | None = None):
