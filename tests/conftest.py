@@ -1,4 +1,18 @@
+import os
+
 import pytest
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (the suite runs on as many workers as cores) each worker computes on one
+    core: torch's intra-op threads at 1, and so do the processes a test starts. The opt-in runs
+    (`-m vllm`, `-m lmms_eval`) keep their threads: a vLLM server on one thread is needlessly slow."""
+    opt_in = "not vllm" not in (config.option.markexpr or "")
+    if os.environ.get("PYTEST_XDIST_WORKER") and not opt_in:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        import torch
+
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -362,6 +362,10 @@ def test_the_page_says_what_is_wrong(browser, app_server, tmp_path):
     page.click("#ask")
     page.wait_for_selector("body[data-state=error]")
     assert page.inner_text("#error").startswith("notes.mp4 is not a video paravt can read")
+    # asking blurs the key field, a change event: the form's reload must not take the episode's line away
+    page.dispatch_event("#key", "change")
+    page.evaluate("() => fetch('/api/info', {headers: {Authorization: 'Bearer ' + document.getElementById('key').value}})")
+    assert page.inner_text("#error").startswith("notes.mp4 is not a video paravt can read")
 
     (tmp_path / "big.mp4").write_bytes(b"\0" * (1024 * 1024 + 1))  # the app runs with --max-upload-mb 1
     page.set_input_files("#file", str(tmp_path / "big.mp4"))

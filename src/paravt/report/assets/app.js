@@ -98,10 +98,18 @@
     });
   }
 
+  var infoError = "";   // the line loadInfo showed, the only one it may take away again
+  var infoKey = null;   // the key the form was last filled with
+
+  function infoFailed(text) { infoError = text; showError(text); }
+
   function loadInfo() {
+    infoKey = $("key").value.trim();
     return api("/api/info").then(function (r) { return r.json(); }).then(function (got) {
       info = got;
-      showError("");
+      // an episode's error shown meanwhile stays: only the key's line goes
+      if (infoError && $("error").textContent === infoError) showError("");
+      infoError = "";
       fillSelect($("mode"), info.modes, $("mode").value || "parallel");
       fillSelect($("qtype"), info.question_types, $("qtype").value || "auto");
       if (!$("frames").dataset.touched) $("frames").value = info.frames;
@@ -125,9 +133,9 @@
       });
     }).catch(function (e) {
       if (e.status === 401) {
-        showError("This app needs its API key: enter it in the key field (or open the page as /#key=KEY).");
+        infoFailed("This app needs its API key: enter it in the key field (or open the page as /#key=KEY).");
         $("key").focus();
-      } else showError("Cannot reach the app: " + e.message);
+      } else infoFailed("Cannot reach the app: " + e.message);
     });
   }
 
@@ -368,7 +376,8 @@
     $("stop").addEventListener("click", function () { if (controller) controller.abort(); });
     $("key").addEventListener("change", function () {
       sessionStorage.setItem(KEY_STORE, $("key").value.trim());
-      loadInfo();
+      // the form blurs the field on every ask: reload only for a new key
+      if ($("key").value.trim() !== infoKey || infoError) loadInfo();
     });
     $("frames").addEventListener("input", function () { $("frames").dataset.touched = "1"; });
     $("file").addEventListener("change", function () { $("src-upload").checked = true; });
