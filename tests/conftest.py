@@ -4,8 +4,8 @@ import pytest
 
 
 def pytest_configure(config):
-    """Under pytest-xdist (the suite runs on as many workers as cores) each worker computes on one
-    core: torch's intra-op threads at 1, and so do the processes a test starts. The opt-in runs
+    """Under pytest-xdist (three workers, see pyproject.toml) each worker computes on one core:
+    torch's intra-op threads at 1, and so do the processes a test starts. The opt-in runs
     (`-m vllm`, `-m lmms_eval`) keep their threads: a vLLM server on one thread is needlessly slow."""
     opt_in = "not vllm" not in (config.option.markexpr or "")
     if os.environ.get("PYTEST_XDIST_WORKER") and not opt_in:

@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -69,10 +70,11 @@ def test_sft_on_two_processes_equals_one_and_resumes_on_either(split, tmp_path):
     assert (tmp_path / "two" / "checkpoint" / "dcp" / "__1_0.distcp").is_file()  # sharded: one file per process
     ddp = sft(split, tmp_path / "ddp", 2, "ddp", stop_at=2)  # whole replicas: the same arithmetic
     assert [r["loss"] for r in ddp] == pytest.approx([r["loss"] for r in one[:2]], abs=TOL)
-    # stopped at step 2 by two processes, then resumed on one and on two: the same as straight through
+    # stopped at step 2 by two processes, then resumed (a copy each) on one and on two: the same as straight through
+    sft(split, tmp_path / "stopped", 2, "fsdp", stop_at=2)
     for nproc, engine in ((1, "single"), (2, "fsdp")):
         run = tmp_path / f"resume{nproc}"
-        sft(split, run, 2, "fsdp", stop_at=2)
+        shutil.copytree(tmp_path / "stopped", run)
         log = sft(split, run, nproc, engine)
         assert [r["step"] for r in log] == [1, 2, 3, 4]
         assert log[-1]["loss"] == pytest.approx(one[-1]["loss"], abs=TOL)
