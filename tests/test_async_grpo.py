@@ -267,53 +267,61 @@ def check_server_faults(data, tmp_path, opts: dict, start_s: float = 300) -> dic
                        "rollout.max_staleness": 2, **opts},
                     device="cpu", threads=1, lr=3e-4, save_every=1, minibatches=2)  # π_prox recomputed
         cmd = [sys.executable, "-m", "paravt", "train", "grpo"] + [x for k, v in args.items() for x in ("-o", f"{k}={v}")]
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=dict(os.environ, OMP_NUM_THREADS="1"))
+        started.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                        env=dict(os.environ, OMP_NUM_THREADS="1")))
+        return started[-1]
 
     def steps_logged(n: int, proc) -> None:
         wait_for(lambda: log.exists() and len(log.read_text().splitlines()) >= n, start_s, f"step {n}", proc)
 
-    proc = train(10)  # killed after step 4
-    steps_logged(1, proc)
-    killed, _ = server_of(out, start_s, proc=proc)
-    os.killpg(killed, signal.SIGKILL)
-    steps_logged(2, proc)
-    guard, stopped = server_of(out, start_s, proc=proc)
-    assert guard != killed
-    os.kill(stopped, signal.SIGSTOP)
-    t_stop = time.time()
-    steps_logged(4, proc)
-    took = {"step_4_after_stop_s": time.time() - t_stop}
-    assert process_state(stopped) is None and not group_alive(guard)  # stopped whole, not left beside the new one
-    guard, server = server_of(out, start_s, ready=False, proc=proc)  # it answered the calls of step 4
-    proc.kill()  # the trainer, as the OOM killer would
-    text = proc.communicate()[0]
-    took["server_gone_after_kill_s"] = wait_for(lambda: not group_alive(guard), 10, "the killed trainer's server")
-    assert process_state(server) is None
-    assert "exited with code" in text and "its health check got no answer either" in text, text[-3000:]
-    assert "stopped it and started it again on the weights of version" in text, text[-3000:]
-    rows = [json.loads(line) for line in log.read_text().splitlines()]
-    assert [r["step"] for r in rows][:4] == [1, 2, 3, 4] and rows[3]["server_restarts"] == 2
-    for r in rows:
-        assert 0 <= r["staleness_max"] <= 2 and r["staleness_mean"] <= r["staleness_max"]
-        assert "behave_masked_tokens" in r and r["episodes"] == 4
-        assert r["logprob_drift"] < 1e-4 and r["updates"] == 2  # π_prox is the fresh forward before the update
-        assert 0 <= r["rollout_busy"] <= 1 and 0 < r["update_busy"] <= 1  # 0: waiting for the restarted server
-    assert any(r["staleness_max"] > 0 for r in rows), "the producer never ran ahead of the trainer"
-    records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
-    for rec in records:  # trained at version step − 1
-        v = rec["step"] - 1
-        assert rec["versions"] and v - 2 <= min(rec["versions"]) and max(rec["versions"]) <= v
+    started = []  # a failed check kills its trainers: their guards then stop the servers
+    try:
+        proc = train(10)  # killed after step 4
+        steps_logged(1, proc)
+        killed, _ = server_of(out, start_s, proc=proc)
+        os.killpg(killed, signal.SIGKILL)
+        steps_logged(2, proc)
+        guard, stopped = server_of(out, start_s, proc=proc)
+        assert guard != killed
+        os.kill(stopped, signal.SIGSTOP)
+        t_stop = time.time()
+        steps_logged(4, proc)
+        took = {"step_4_after_stop_s": time.time() - t_stop}
+        assert process_state(stopped) is None and not group_alive(guard)  # stopped whole, not left beside the new one
+        guard, server = server_of(out, start_s, ready=False, proc=proc)  # it answered the calls of step 4
+        proc.kill()  # the trainer, as the OOM killer would
+        text = proc.communicate()[0]
+        took["server_gone_after_kill_s"] = wait_for(lambda: not group_alive(guard), 10, "the killed trainer's server")
+        assert process_state(server) is None
+        assert "exited with code" in text and "its health check got no answer either" in text, text[-3000:]
+        assert "stopped it and started it again on the weights of version" in text, text[-3000:]
+        rows = [json.loads(line) for line in log.read_text().splitlines()]
+        assert [r["step"] for r in rows][:4] == [1, 2, 3, 4] and rows[3]["server_restarts"] == 2
+        for r in rows:
+            assert 0 <= r["staleness_max"] <= 2 and r["staleness_mean"] <= r["staleness_max"]
+            assert "behave_masked_tokens" in r and r["episodes"] == 4
+            assert r["logprob_drift"] < 1e-4 and r["updates"] == 2  # π_prox is the fresh forward before the update
+            assert 0 <= r["rollout_busy"] <= 1 and 0 < r["update_busy"] <= 1  # 0: waiting for the restarted server
+        assert any(r["staleness_max"] > 0 for r in rows), "the producer never ran ahead of the trainer"
+        records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+        for rec in records:  # trained at version step − 1
+            v = rec["step"] - 1
+            assert rec["versions"] and v - 2 <= min(rec["versions"]) and max(rec["versions"]) <= v
 
-    last = len(rows)
-    proc = train(last + 1)  # resumes at the last checkpoint: in-flight rollouts were lost, the producer refills
-    text = proc.communicate(timeout=600)[0]
-    assert proc.returncode == 0, text[-3000:]
-    resumed = int(re.search(r"resuming from [\s\S]*? at\s+step\s+(\d+)", text).group(1))  # a kill may beat a save
-    assert last - 1 <= resumed <= last
-    assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == list(range(1, last + 2))
-    records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
-    assert all(min(r["versions"]) >= resumed for r in records if r["step"] > resumed)  # nothing from the first run
+        last = len(rows)
+        proc = train(last + 1)  # resumes at the last checkpoint: in-flight rollouts were lost, the producer refills
+        text = proc.communicate(timeout=600)[0]
+        assert proc.returncode == 0, text[-3000:]
+        resumed = int(re.search(r"resuming from [\s\S]*? at\s+step\s+(\d+)", text).group(1))  # a kill may beat a save
+        assert last - 1 <= resumed <= last
+        assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == list(range(1, last + 2))
+        records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+        assert all(min(r["versions"]) >= resumed for r in records if r["step"] > resumed)  # nothing from the first run
+    finally:
+        for p in started:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
     return took
 
 
@@ -342,7 +350,8 @@ def server_of(out, timeout_s: float = 300, ready: bool = True, proc: subprocess.
             if not ready or not children:
                 return bool(children)
             info = httpx.get(f"http://127.0.0.1:{rec['port']}/weight_info", timeout=2)
-            return info.status_code == 200 and info.json().get("weight_version") is not None
+            # the trainer's versions are step numbers; vLLM starts at "default", paravt serve at None
+            return info.status_code == 200 and str(info.json().get("weight_version")).isdigit()
         except (OSError, ValueError, httpx.HTTPError):
             return False
 

@@ -215,6 +215,7 @@ def test_a_sync_mid_generation_on_vllm(split, tmp_path, pause):
                               server_args=server_args)
 
 
+@pytest.mark.timeout(1800)  # four vLLM starts on CPU, a minute or more each
 def test_a_killed_a_hung_vllm_and_a_killed_trainer(split, tmp_path):
     """tests/test_async_grpo.py's server faults on a launched vLLM: killed (its process group), then
     stopped (SIGSTOP of its API server: its engine process runs on), each started again; a killed
