@@ -343,6 +343,47 @@ def _make_progress(progress):
     return (progress or None), False
 
 
+def _run_manifest(bench, model, config: EpisodeConfig, reward_cfg: RewardConfig, manifest: dict | None,
+                  n_samples: int, n_missing: int) -> dict:
+    """What a rerun must match to resume into the same folder (check_manifest), and what it ran on."""
+    extra = manifest or {}
+    return {"bench": bench, "model": model, "episode": asdict(config), "scoring": {"oe_metric": reward_cfg.oe_metric},
+            **{k: v for k, v in extra.items() if k != "info"},
+            "info": {"created": time.strftime("%Y-%m-%dT%H:%M:%S"), "n_samples": n_samples,
+                     "missing_videos": n_missing, **extra.get("info", {})}}
+
+
+async def _preflight(out: Path, man: dict, pool: "_Pool", targets: list, missing: Sequence[MissingVideo],
+                     force: bool, retry_errors: bool) -> None:
+    """Servers checked (only when samples are left to run), the folder made, the manifest matched,
+    the missing videos listed: every way the run can fail at once fails here, before a row is written."""
+    done = latest_rows(read_results(out / RESULTS, repair=False))
+    if any(s.id not in done or (retry_errors and done[s.id].get("error")) for s in targets):
+        for b in pool.backends:
+            await check_servers(b)
+    with disk_errors(out):
+        out.mkdir(parents=True, exist_ok=True)
+    check_manifest(out, man, force)
+    write_text(out / "missing_videos.jsonl", "".join(json.dumps(asdict(m)) + "\n" for m in missing))
+
+
+@dataclass
+class _Tally:
+    """The running score of the progress bar: an error row counts as 0."""
+
+    n: int = 0
+    score: float = 0.0
+    err: int = 0
+
+    def add(self, row: dict) -> None:
+        self.n += 1
+        self.score += 0.0 if row.get("error") else float(row.get("score") or 0)
+        self.err += bool(row.get("error"))
+
+    def status(self) -> str:
+        return f"score {100 * self.score / max(self.n, 1):.1f}% · errors {self.err}"
+
+
 async def run_eval_async(
     samples: Sequence[Sample],
     backends: BackendsArg,
@@ -374,6 +415,8 @@ async def run_eval_async(
     stop_after: end the run after that many new rows (tests use it to simulate a kill).
     When samples are left to run, each backend's model servers are checked first (servers.py): a
     backend none of whose servers answers raises BackendError before anything is written."""
+    # Longer than the guide's 80 lines: the workers below are closures over one run's state (the
+    # queue, the writer, the tally, the stop event); the set-up before them lives in helpers.
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     if limit is not None and limit < 0:
@@ -382,10 +425,7 @@ async def run_eval_async(
     out = Path(out_dir)
     targets = list(samples[:limit] if limit is not None else samples)
     bench = targets[0].bench if targets else (samples[0].bench if samples else (manifest or {}).get("bench"))
-    man = {"bench": bench, "model": model, "episode": asdict(config), "scoring": {"oe_metric": reward_cfg.oe_metric},
-           **{k: v for k, v in (manifest or {}).items() if k != "info"},
-           "info": {"created": time.strftime("%Y-%m-%dT%H:%M:%S"), "n_samples": len(samples),
-                    "missing_videos": len(missing), **(manifest or {}).get("info", {})}}
+    man = _run_manifest(bench, model, config, reward_cfg, manifest, len(samples), len(missing))
     results = out / RESULTS
     created = not isinstance(backends, Backend) and callable(backends)
     made = backends() if created else backends
@@ -393,14 +433,7 @@ async def run_eval_async(
     if not pool.backends:
         raise ValueError("no backend given")
     try:  # before anything is written: a dead server fails the run at once, with its cause
-        done = latest_rows(read_results(results, repair=False))
-        if any(s.id not in done or (retry_errors and done[s.id].get("error")) for s in targets):
-            for b in pool.backends:
-                await check_servers(b)
-        with disk_errors(out):
-            out.mkdir(parents=True, exist_ok=True)
-        check_manifest(out, man, force)
-        write_text(out / "missing_videos.jsonl", "".join(json.dumps(asdict(m)) + "\n" for m in missing))
+        await _preflight(out, man, pool, targets, missing, force, retry_errors)
     except BaseException:
         if created:
             for b in pool.backends:
@@ -412,17 +445,11 @@ async def run_eval_async(
     todo = deque(s for s in targets if s.id not in finished)
     prog, own_prog = _make_progress(progress)
     task = None
-    tally = {"n": 0, "score": 0.0, "err": 0}
+    tally = _Tally()
     for s in targets:
-        r = done.get(s.id)
-        if r is not None and s.id in finished:
-            tally["n"] += 1
-            tally["score"] += 0.0 if r.get("error") else float(r.get("score") or 0)
-            tally["err"] += bool(r.get("error"))
-
-    def status() -> str:
-        return f"score {100 * tally['score'] / max(tally['n'], 1):.1f}% · errors {tally['err']}"
-
+        if s.id in finished:
+            tally.add(done[s.id])
+    status = tally.status
     if prog is not None:
         if own_prog:
             prog.start()
@@ -454,9 +481,7 @@ async def run_eval_async(
                 stop_writing(e)
                 return
             state["new"] += 1
-            tally["n"] += 1
-            tally["score"] += float(row.get("score") or 0)
-            tally["err"] += bool(row.get("error"))
+            tally.add(row)
             state["backend_fail_streak"] = state["backend_fail_streak"] + 1 if backend_failed else 0
             if backend_failed:
                 state["last_error"] = row["error"]
