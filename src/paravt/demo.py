@@ -19,7 +19,7 @@ from rich.table import Table
 
 DEMO_FRAMES = 4  # the event usually falls between 4 overview frames, so the agent crops
 # A video whose colour question the shipped model gets right; on others it is often wrong (colour
-# questions at K = 4: 10 of 20 right in its model card), which `--seed N` shows as plainly.
+# questions at K = 4: 57 of 100 right in its model card), which `--seed N` shows as plainly.
 DEMO_SEED = 2
 
 
