@@ -172,9 +172,11 @@ def test_a_sync_mid_generation_loses_nothing_and_mixes_no_versions(mini_split, t
     check_sync_mid_generation(mini_split, tmp_path, pause, launch="paravt", server_args=["--max-batch", "1"])
 
 
-def check_sync_mid_generation(data, tmp_path, pause: str, **servers_cfg) -> None:
+def check_sync_mid_generation(data, tmp_path, pause: str, atol: float = 2e-4, min_done: int = 2,
+                              **servers_cfg) -> None:
     """The test above on servers launched with `servers_cfg` (RolloutConfig fields): also run on vLLM
-    by tests/test_vllm.py."""
+    by tests/test_vllm.py (whose kernels differ from torch's by a few 1e-4 a token: `atol`; each
+    version's weights differ from the last by far more)."""
     from paravt.agent import EpisodeConfig
     from paravt.backends.hf import Renderer, sequence_logprobs
     from paravt.models import load_model
@@ -207,13 +209,15 @@ def check_sync_mid_generation(data, tmp_path, pause: str, **servers_cfg) -> None
         # the second may meet the groups the first made room for, or find them done already.
         def generating() -> bool:
             in_flight = sum(producer.gate._calls.values())
-            return in_flight >= 2 and sum(producer.backend.requests_sent.values()) - in_flight >= 2
+            done = sum(producer.backend.requests_sent.values()) - in_flight
+            return in_flight >= min(min_done, 2) and done >= min_done
 
         for v in (0, 1, 2):
             if v < 2:
                 weights[v + 1] = write_sync_weights(engine, _perturbed(model, v), processor, tmp_path, str(v + 1), keep=5)
                 if v == 0:
-                    wait_for(generating, 60, "calls in flight")
+                    # the state lasts one call's generation (a tenth of a second on a fast server): poll often
+                    wait_for(generating, 60, "calls in flight", poll_s=0.002)
                 producer.sync(weights[v + 1], v + 1)
             groups, failed = producer.take(v)
             assert not failed and [g.index for g in groups] == [2 * v, 2 * v + 1]
@@ -237,7 +241,7 @@ def check_sync_mid_generation(data, tmp_path, pause: str, **servers_cfg) -> None
                 images = [p.image for m in c.messages for p in m.images()]
                 with torch.no_grad():
                     mine = sequence_logprobs(models[int(c.weight_version)], renderer, c.prompt_ids, c.token_ids, images)
-                np.testing.assert_allclose(c.logprobs, mine.numpy(), atol=2e-4)
+                np.testing.assert_allclose(c.logprobs, mine.numpy(), atol=atol)
                 checked += 1
     assert checked >= 12
 
@@ -325,13 +329,13 @@ def check_server_faults(data, tmp_path, opts: dict, start_s: float = 300) -> dic
     return took
 
 
-def wait_for(cond, timeout_s: float, what: str, proc: subprocess.Popen | None = None) -> float:
+def wait_for(cond, timeout_s: float, what: str, proc: subprocess.Popen | None = None, poll_s: float = 0.1) -> float:
     """Seconds until cond() held (fails past timeout_s, or when `proc` exited meanwhile)."""
     t0 = time.time()
     while not cond():
         assert proc is None or proc.poll() is None, proc.stdout.read()[-3000:]
         assert time.time() - t0 < timeout_s, f"{what}: not within {timeout_s} s"
-        time.sleep(0.1)
+        time.sleep(poll_s)
     return time.time() - t0
 
 

@@ -161,7 +161,13 @@ def test_para_grpo_with_vllm_rollouts_and_disk_weight_sync(split, tmp_path):
         images = [p.image for m in req.messages for p in m.images()]
         with torch.no_grad():
             mine = sequence_logprobs(model, Renderer(processor), got.prompt_ids, got.token_ids, images)
-        np.testing.assert_allclose(got.logprobs, mine.numpy(), atol=1e-4)
+            start = load_model(str(DEFAULT_MODEL), device="cpu")[0]
+            before = sequence_logprobs(start, Renderer(processor), got.prompt_ids, got.token_ids, images)
+        # two engines' fp32 kernels: a token's log-probability may differ by a few 1e-4 (the mean by
+        # < 1e-4: the run's logprob_drift); the weights before the two steps are farther off
+        served = np.asarray(got.logprobs)
+        off, off_start = np.abs(served - mine.numpy()).max(), np.abs(served - before.numpy()).max()
+        assert off < 1e-3 and off < off_start, (off, off_start)
         assert servers._http[servers.urls[0]].get(servers.urls[0] + "/weight_info").json()["weight_version"] == "2"
     finally:
         RolloutServers.close = real_close
@@ -210,8 +216,11 @@ def test_a_sync_mid_generation_on_vllm(split, tmp_path, pause):
     call's tokens have the logprobs of the weights of the version it carries."""
     from tests.test_async_grpo import check_sync_mid_generation
 
+    # the sync comes once a call is done and one is generating (min_done=1): a batched vLLM finishes a
+    # turn's calls together, so paravt serve's moment (two done, two generating) may not come at all
     server_args = ["--dtype", "float32", "--max-model-len", "8192", "--gpu-memory-utilization", "0.15"]
-    check_sync_mid_generation(split, tmp_path, pause, launch="vllm", vllm_python=str(VLLM_PYTHON),
+    check_sync_mid_generation(split, tmp_path, pause, atol=1e-3, min_done=1, launch="vllm",
+                              vllm_python=str(VLLM_PYTHON),
                               server_args=server_args)
 
 
