@@ -1,0 +1,206 @@
+"""The Tool Prior Paradox's testbed, built and measured before any RL (docs/paradox.md).
+
+The paradox needs two preconditions (SPEC §3): a pretrained tool prior that competes with the
+cold-started format, and a cold start that calls tools where they are not needed, on a task where
+skipping them is a shortcut at large K. This script makes them and measures them:
+
+1. data: `paravt synth --preset paradox` (the SynthVT-mini task: at K = 64 the overview shows the
+   event in nearly every video, at K = 4 in few; the oracle crops at every K with a tool prior of
+   0.9; prior.parquet holds the same episodes in another tool layout, synth.prior).
+2. base: frame captions, then SFT at length on prior.parquet: a model whose own tool habit is
+   one call a turn, no think, answers without tags (Qwen3-VL's pretrained tool use, in miniature).
+3. cold start: a short SFT of the base on paravt's format (sft.parquet), checkpoints kept along it.
+4. measure each model: greedy and τ = 0.7 episodes at K = 4, 16, 64 (parallel dispatch), and K = 64
+   with tools skipped (mode none): format reward (fτ at τ = 0.7 against greedy's), the parse-problem
+   rate, κ (crop calls per episode) overall and at K = 64, accuracy.
+
+    python scripts/paradox_testbed.py                       # everything, resumable
+    python scripts/paradox_testbed.py --stage measure --models base,cold_100
+
+Every stage is a `paravt` command or an in-process eval (printed before it runs); a rerun goes on
+where it stopped. Results: OUT/measure/<model>.json and the table printed (and --write-doc).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+CONFIGS = Path(__file__).resolve().parents[1] / "src/paravt/configs"
+KS = (4, 16, 64)
+
+
+def run(cmd: list[str], log: Path) -> None:
+    print("$", shlex.join(cmd), flush=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
+    if rc:
+        raise SystemExit(f"failed ({rc}); see {log}")
+
+
+def stage_data(a) -> None:
+    for split, n, extra in (("train", a.n_train, ["--captions", "16"]), ("test", a.n_test, [])):
+        d = a.data / f"paradox_{split}"
+        if not (d / "rl.parquet").exists():
+            run([*a.paravt, "synth", "--preset", "paradox", "--out", str(d), "--n", str(n), "--split", split,
+                 "--seed", "0", *extra], a.out / "logs" / f"synth_{split}.log")
+
+
+def sft(a, config: str, model: str, data: Path, out: Path, steps: int, *extra: str) -> None:
+    run([*a.paravt, "train", "sft", "--config", str(CONFIGS / config), "-o", f"model={model}", "-o", f"data={data}",
+         "-o", f"out={out}", "-o", f"steps={steps}", *extra], out.parent / f"{out.name}.log")
+
+
+def stage_base(a) -> None:
+    train = a.data / "paradox_train"
+    caps, base = a.out / "captions", a.out / "base"
+    sft(a, "sft_tiny_captions.yaml", "tiny", train / "captions.parquet", caps, 600)
+    sft(a, "sft_tiny.yaml", str(caps / "checkpoint"), train / "prior.parquet", base, a.base_steps)
+
+
+def stage_cold(a) -> None:
+    """The cold start in increments at a constant lr, each increment's checkpoint kept as cold_<steps>."""
+    import shutil
+
+    out = a.out / "cold"
+    for n in a.cold_steps:
+        keep = a.out / f"cold_{n}"
+        if (keep / "config.json").exists():
+            continue
+        sft(a, "sft_tiny.yaml", str(a.out / "base" / "checkpoint"), a.data / "paradox_train" / "sft.parquet", out, n,
+            "-o", "lr_schedule=constant", "-o", f"lr={a.cold_lr}", "-o", "warmup_steps=0")
+        shutil.copytree(out / "checkpoint", keep, ignore=shutil.ignore_patterns("dcp", "*.pt", "checkpoint_complete"))
+
+
+ASSETS = Path(__file__).resolve().parents[1] / "src/paravt/assets"
+
+
+def stage_ship(a) -> None:
+    """The base and the chosen cold start into src/paravt/assets (weights and processor files only;
+    each model card, README.md, is written by hand from the measured table and kept)."""
+    import shutil
+
+    for src, name in ((a.out / "base" / "checkpoint", "paradox-base"), (a.out / a.ship_cold, "paradox-cold")):
+        dst = ASSETS / name
+        dst.mkdir(parents=True, exist_ok=True)
+        for f in src.iterdir():
+            if f.is_file() and f.name not in ("trainer_state.pt", "checkpoint_complete", "README.md"):
+                shutil.copy2(f, dst / f.name)
+        print(f"{src} -> {dst}")
+
+
+def measure(a, name: str) -> dict:
+    """Greedy and sampled episodes of one model on the test split; the numbers of the precondition table."""
+    import asyncio
+
+    from paravt.agent import Episode
+    from paravt.backends.hf import HFBackend
+    from paravt.eval.benchmarks import load_benchmark
+    from paravt.eval.runner import eval_config, read_results, run_eval_async
+    from paravt.models import load_model
+    from paravt.rewards import RewardConfig, format_reward
+
+    path = a.out / name if name != "sft" else Path(a.sft)
+    out = a.out / "measure" / name
+    samples = load_benchmark("synthvt", str(a.data / "paradox_test")).samples[: a.limit]
+    model, processor = load_model(str(path / "checkpoint") if (path / "checkpoint").exists() else str(path))
+    backend = HFBackend(model, processor, max_batch=16)
+    cells = [(f"greedy_k{k}", dict(frames=k), "parallel") for k in KS] + \
+            [(f"t07_k{k}", dict(frames=k, temperature=a.temperature, seed=0), "parallel") for k in KS] + \
+            [("none_k64", dict(frames=64), "none")]
+    result = {}
+    for cell, over, mode in cells:
+        cfg = eval_config(mode=mode, max_new_tokens=a.max_new_tokens, **over)
+        d = out / cell
+        print(f"  {name} {cell}", flush=True)
+        asyncio.run(run_eval_async(samples, backend, cfg, d, concurrency=8, model=str(path)))
+        rows = [r for r in read_results(d / "results.jsonl") if r.get("episode")]
+        fmt, calls, acc, problems = [], [], [], []
+        for r in rows:
+            ep = Episode.from_dict(r["episode"])
+            fmt.append(format_reward(ep.main_texts(), RewardConfig(), prefix=cfg.prefix))
+            calls.append(ep.n_executed_calls)
+            acc.append(float(r.get("score") or 0.0))
+            problems.append(bool(r.get("n_problems")))
+        n = max(len(rows), 1)
+        result[cell] = {"n": len(rows), "format": sum(fmt) / n, "kappa": sum(calls) / n, "accuracy": sum(acc) / n,
+                        "parse_problems": sum(problems) / n}
+    (out / "summary.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def table(results: dict[str, dict]) -> str:
+    head = ("| model | fτ (τ = 0.7) | format, greedy | parse problems τ = 0.7 / greedy | κ (τ = 0.7, K mix) | "
+            "κ K=64 (τ = 0.7) | acc K=64, tools | acc K=64, none | " + " | ".join(f"acc K={k}" for k in KS) + " |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for name, r in results.items():
+        t07 = [r[f"t07_k{k}"] for k in KS]
+        greedy = [r[f"greedy_k{k}"] for k in KS]
+        mean = lambda cells, key: sum(c[key] for c in cells) / len(cells)  # noqa: E731
+        lines.append(
+            f"| {name} | {mean(t07, 'format'):.2f} | {mean(greedy, 'format'):.2f} | "
+            f"{mean(t07, 'parse_problems'):.2f} / {mean(greedy, 'parse_problems'):.2f} | {mean(t07, 'kappa'):.2f} | "
+            f"{r['t07_k64']['kappa']:.2f} | {100 * r['greedy_k64']['accuracy']:.1f} | "
+            f"{100 * r['none_k64']['accuracy']:.1f} | " + " | ".join(f"{100 * c['accuracy']:.1f}" for c in greedy) + " |")
+    return "\n".join(lines)
+
+
+def write_doc(a, results: dict[str, dict]) -> None:
+    """The measured table between the markers of --write-doc's file (the prose around it stays)."""
+    start, end = "<!-- testbed table: scripts/paradox_testbed.py --write-doc -->", "<!-- end of testbed table -->"
+    body = (f"{start}\n{a.limit} test questions per cell (SynthVT `paradox` preset, test split); greedy and τ = "
+            f"{a.temperature} (seed 0) episodes, parallel dispatch, {a.max_new_tokens} new tokens a turn.\n\n"
+            f"{table(results)}\n{end}")
+    path = Path(a.write_doc)
+    text = path.read_text() if path.exists() else f"# The paradox testbed\n\n{start}\n{end}\n"
+    if start not in text:
+        text += f"\n{start}\n{end}\n"
+    head, rest = text.split(start, 1)
+    path.write_text(head + body + rest.split(end, 1)[1])
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--stage", choices=["all", "data", "base", "cold", "measure", "ship"], default="all")
+    p.add_argument("--data", type=Path, default=Path("data"))
+    p.add_argument("--out", type=Path, default=Path("runs/paradox_testbed"))
+    p.add_argument("--n-train", type=int, default=2000)
+    p.add_argument("--n-test", type=int, default=300)
+    p.add_argument("--base-steps", type=int, default=1200, help="SFT steps on the tool-prior layout")
+    p.add_argument("--cold-steps", type=lambda s: [int(x) for x in s.split(",")], default=[50, 100, 200],
+                   help="cold-start checkpoints to keep (cumulative steps)")
+    p.add_argument("--cold-lr", type=float, default=3e-4)
+    p.add_argument("--models", default=None, help="comma-separated models to measure (default: base and each cold_N)")
+    p.add_argument("--sft", default=None, help="also measure this checkpoint as 'sft' (e.g. the shipped SFT start)")
+    p.add_argument("--limit", type=int, default=100, help="test questions per cell")
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--max-new-tokens", type=int, default=320)
+    p.add_argument("--ship-cold", default="cold_100", help="the cold start that --stage ship copies to the assets")
+    p.add_argument("--write-doc", default=None, help="put the table into this markdown file (e.g. docs/paradox.md)")
+    a = p.parse_args()
+    a.paravt = [sys.executable, "-m", "paravt"]
+    stages = ["data", "base", "cold", "measure"] if a.stage == "all" else [a.stage]
+    for s in stages:
+        if s != "measure":
+            {"data": stage_data, "base": stage_base, "cold": stage_cold, "ship": stage_ship}[s](a)
+    if "measure" in stages:
+        names = a.models.split(",") if a.models else ["base"] + [f"cold_{n}" for n in a.cold_steps]
+        if a.sft:
+            names.append("sft")
+        results = {}
+        for name in names:
+            cached = a.out / "measure" / name / "summary.json"
+            results[name] = json.loads(cached.read_text()) if cached.exists() else measure(a, name)
+        print(table(results))
+        if a.write_doc:
+            write_doc(a, results)
+
+
+if __name__ == "__main__":
+    main()
