@@ -522,8 +522,15 @@ def to_sft_rows(traj: Trajectory, q: Question, video: str, duration: float,
     parts {"type": "text", "text"} | {"type": "frame", "time"}), "question_type", "answer",
     "question_id", "k"}."""
     main, subs = oracle_messages(traj, q, duration, config)
+    return conversation_rows(main, subs, traj, q, video)
+
+
+def conversation_rows(main: list, subs: list[list], traj: Trajectory, q: Question, video: str,
+                      layout: str = "") -> list[dict]:
+    """The SFT rows of one episode's main conversation and its sub-agents' (ids tagged with `layout`)."""
+    tag = f"-{layout}" if layout else ""
     base = {"video": video, "question_type": q.question_type, "answer": q.answer, "question_id": q.id, "k": traj.k}
-    rows = [{"id": f"{q.id}-k{traj.k}-main", "kind": "main", "messages": _row_messages(main), **base}]
+    rows = [{"id": f"{q.id}-k{traj.k}{tag}-main", "kind": "main", "messages": _row_messages(main), **base}]
     for i, sub in enumerate(subs):
-        rows.append({"id": f"{q.id}-k{traj.k}-sub{i}", "kind": "sub", "messages": _row_messages(sub), **base})
+        rows.append({"id": f"{q.id}-k{traj.k}{tag}-sub{i}", "kind": "sub", "messages": _row_messages(sub), **base})
     return rows

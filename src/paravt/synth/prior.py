@@ -22,7 +22,7 @@ from paravt import protocol as P
 from paravt.agent import (EpisodeConfig, build_final_message, build_main_messages, build_subagent_messages,
                           build_tool_response_messages, tool_response_parts)
 from paravt.backends.base import Message
-from paravt.synth.oracle import Trajectory, _frames, _row_messages, answer_text
+from paravt.synth.oracle import Trajectory, _frames, answer_text, conversation_rows
 from paravt.synth.questions import Question
 
 
@@ -59,8 +59,4 @@ def to_prior_rows(traj: Trajectory, q: Question, video: str, duration: float,
                   config: EpisodeConfig | None = None) -> list[dict]:
     """SFT rows of the tool-prior layout, in the schema of oracle.to_sft_rows."""
     main, subs = prior_messages(traj, q, duration, config)
-    base = {"video": video, "question_type": q.question_type, "answer": q.answer, "question_id": q.id, "k": traj.k}
-    rows = [{"id": f"{q.id}-k{traj.k}-prior-main", "kind": "main", "messages": _row_messages(main), **base}]
-    for i, sub in enumerate(subs):
-        rows.append({"id": f"{q.id}-k{traj.k}-prior-sub{i}", "kind": "sub", "messages": _row_messages(sub), **base})
-    return rows
+    return conversation_rows(main, subs, traj, q, video, layout="prior")
