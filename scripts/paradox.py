@@ -1,52 +1,70 @@
-"""The paradox experiment on SynthVT (the Tool Prior Paradox, SPEC §5 Table 2), end to end and resumable.
+"""The paper's Table 2 on the paradox testbed (docs/paradox.md), end to end and resumable.
 
-From one SFT checkpoint, five RL runs with the same budget (SPEC §5 Table 2 analogue):
-vanilla GRPO, PARA-GRPO with token anchoring, PARA-GRPO with sequence anchoring, anchoring
-only, gating only. Then every final model (and the SFT start) is evaluated on held-out
-SynthVT-mini test videos at K overview frames x dispatch modes. Writes per-step fτ/κ plots,
-an accuracy grid plot and a markdown table under --docs.
+From the testbed's cold start (scripts/paradox_testbed.py: a base with its own tool habit, then a
+short SFT onto paravt's format from an oracle that crops at every K), the RL runs of SPEC §5 Table 2:
 
-    python scripts/paradox.py --sft runs/sft_tiny/checkpoint --train data/mini_train --test data/mini_test
-    python scripts/paradox.py --config src/paravt/configs/grpo_tiny_hard.yaml --sft runs/sft_tiny_hard/checkpoint \
-        --train data/hard_train --test data/hard_test --out runs/paradox_hard --steps 200 --variants vanilla para_token
+    block A  vanilla GRPO (the release's: no gating, no anchoring, think prefix and answer suffix off),
+             PARA-GRPO                                                      two seeds each
+    block B  anchoring only (PARA-GRPO without gating), gating only (without anchoring),
+             PARA-GRPO − R_tool (reward.w_tool=0), PARA-GRPO − γ (reward.gamma=0)     one seed each
+    block C  the first PARA-GRPO seed's checkpoint dispatched parallel, sequential, inline, none
 
-Every stage is a `paravt train grpo` / `paravt eval run` command (printed before it runs),
-so any cell can be rerun by hand; both resume, so rerunning this script continues where it
-stopped. Jobs run `--jobs` at a time, one torch thread each.
+Every block B run differs from PARA-GRPO in the component it names and nothing else: its prompt
+keeps the think prefix and the answer suffix. Vanilla differs from PARA-GRPO in gating, anchoring
+and those two prompt settings, as the public release's baseline does; its fτ at the first steps
+shows what the prompt settings alone do (docs/paradox.md).
+
+    python scripts/paradox.py --stage train --jobs 2        # the RL runs, two at a time
+    python scripts/paradox.py --stage eval                  # held-out accuracy of each model
+    python scripts/paradox.py --stage doc                   # tables, curves, claims -> docs/paradox.md
+
+Each stage is a `paravt` command per cell (printed before it runs, so any cell can be rerun by
+hand); all of them resume, so rerunning continues where a run stopped.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import random
 import shlex
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from paravt.synth.oracle import stated_answer
-
-# overrides of src/paravt/configs/grpo_tiny.yaml (PARA-GRPO with token anchoring). The vanilla baseline is
-# the release's: no nFrames gating, no anchoring, and its format prompt without the think prefix and the
-# answer suffix. Each run has a seed of its own (--set seed=N overrides them all).
-VARIANTS = {
-    "vanilla": ["gating=false", "anchoring=off", "episode.think_prefix=false", "reward.answer_suffix=false", "seed=1"],
-    "para_token": ["seed=2"],
-    "para_sequence": ["anchoring=sequence", "seed=3"],
-    "anchoring_only": ["gating=false", "seed=4"],
-    "gating_only": ["anchoring=off", "seed=5"],
+ROOT = Path(__file__).resolve().parents[1]
+# name: (row label, overrides of grpo_tiny.yaml, seeds)
+RUNS = {
+    "vanilla": ("vanilla GRPO", ["gating=false", "anchoring=off", "episode.think_prefix=false",
+                                 "reward.answer_suffix=false"], (1, 2)),
+    "para": ("PARA-GRPO", [], (1, 2)),
+    "anchoring_only": ("anchoring only", ["gating=false"], (1,)),
+    "gating_only": ("gating only", ["anchoring=off"], (1,)),
+    "no_tool": ("PARA-GRPO − R_tool", ["reward.w_tool=0"], (1,)),
+    "no_gamma": ("PARA-GRPO − γ", ["reward.gamma=0"], (1,)),
 }
-LABELS = {"sft": "SFT start", "vanilla": "vanilla GRPO", "para_token": "PARA-GRPO (token anchor)",
-          "para_sequence": "PARA-GRPO (sequence anchor)", "anchoring_only": "anchoring only",
-          "gating_only": "gating only"}
+MODES = ("parallel", "sequential", "inline", "none")
+START, END = "<!-- table 2: scripts/paradox.py --stage doc -->", "<!-- end of table 2 -->"
 
 
-def run(cmd: list[str], log: Path, extra_env: dict[str, str] | None = None) -> int:
+def run_ids(a) -> list[tuple[str, str, int]]:
+    """(run id, family, seed) of the selected runs."""
+    out = []
+    for name, (_, _, seeds) in RUNS.items():
+        for seed in seeds:
+            rid = f"{name}_s{seed}"
+            if not a.runs or rid in a.runs or name in a.runs:
+                out.append((rid, name, seed))
+    return out
+
+
+def run(cmd: list[str], log: Path) -> int:
     print("$", shlex.join(cmd), flush=True)
     log.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **(extra_env or {})}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     with open(log, "a") as f:
         rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
     if rc:
@@ -56,24 +74,24 @@ def run(cmd: list[str], log: Path, extra_env: dict[str, str] | None = None) -> i
 
 def train_jobs(a) -> list[tuple[list[str], Path]]:
     jobs = []
-    for name, overrides in VARIANTS.items():
-        if a.variants and name not in a.variants:
-            continue
-        out = a.out / "rl" / name
-        cmd = [*a.paravt, "train", "grpo", "--config", a.config, "-o", f"model={a.sft}",
-               "-o", f"data={a.train}/rl.parquet", "-o", f"out={out}", "-o", f"steps={a.steps}", "-o", "threads=1"]
-        mine = [o for o in overrides if not (o.startswith("seed=") and any(x.startswith("seed=") for x in a.set))]
-        for o in mine + a.set:
+    for rid, name, seed in run_ids(a):
+        out = a.out / "rl" / rid
+        cmd = [*a.paravt, "train", "grpo", "--config", str(a.config), "-o", f"model={a.cold}",
+               "-o", f"data={a.train}/rl.parquet", "-o", f"out={out}", "-o", f"steps={a.steps}", "-o", "threads=1",
+               "-o", f"seed={seed}"]
+        for o in RUNS[name][1] + a.set:
             cmd += ["-o", o]
         jobs.append((cmd, out / "train.log"))
     return jobs
 
 
 def models(a) -> dict[str, str]:
-    out = {"sft": str(a.sft)}
-    for name in VARIANTS:
-        if (not a.variants or name in a.variants) and (a.out / "rl" / name / "checkpoint" / "config.json").exists():
-            out[name] = str(a.out / "rl" / name / "checkpoint")
+    """The evaluated models: the base, the cold start and each finished run's last checkpoint."""
+    out = {"base": str(a.base), "cold": str(a.cold)}
+    for rid, _, _ in run_ids(a):
+        ckpt = a.out / "rl" / rid / "checkpoint"
+        if (ckpt / "config.json").exists():
+            out[rid] = str(ckpt)
     return out
 
 
@@ -81,28 +99,208 @@ def eval_dir(a, model: str, mode: str, k: int) -> Path:
     return a.out / "eval" / f"{model}__{mode}__k{k}"
 
 
-def eval_jobs(a, only: set[str] | None = None) -> list[tuple[list[str], Path, dict[str, str]]]:
-    jobs = []  # mode-major, in --modes order: when time runs short, whole modes are done first
-    for mode in a.modes:
-        for k in a.ks:
-            for name, path in models(a).items():
-                if only is not None and name not in only:
-                    continue
-                out = eval_dir(a, name, mode, k)
-                cmd = [*a.paravt, "eval", "run", "--bench", "synthvt", "--data", str(a.test), "--model", path,
-                       "--mode", mode, "--frames", str(k), "--out", str(out), "--limit", str(a.limit),
-                       "--concurrency", str(a.concurrency), "--max-new-tokens", str(a.max_new_tokens)]
-                # a CPU eval is fp32 like the SFT figures; on a GPU load_model picks bf16
-                jobs.append((cmd, out / "eval.log", {"CUDA_VISIBLE_DEVICES": ""} if a.eval_device == "cpu" else {}))
+def eval_jobs(a) -> list[tuple[list[str], Path]]:
+    cells = [(name, "parallel", k) for k in a.ks for name in models(a)]
+    if "para_s1" in models(a):  # block C
+        cells += [("para_s1", mode, k) for mode in MODES[1:] for k in a.ks]
+    jobs = []
+    for name, mode, k in cells:
+        out = eval_dir(a, name, mode, k)
+        cmd = [*a.paravt, "eval", "run", "--bench", "synthvt", "--data", str(a.test), "--model", models(a)[name],
+               "--mode", mode, "--frames", str(k), "--out", str(out), "--limit", str(a.limit),
+               "--concurrency", "8", "--max-new-tokens", str(a.max_new_tokens)]
+        jobs.append((cmd, out / "eval.log"))
     return jobs
+
+
+# ---- what the runs measured
 
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def smooth(xs: list[float], w: int) -> list[float]:
-    return [sum(xs[max(0, i - w + 1):i + 1]) / len(xs[max(0, i - w + 1):i + 1]) for i in range(len(xs))]
+def tenths(rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    n = max(1, len(rows) // 10)
+    return rows[:n], rows[-n:]
+
+
+def mean(xs) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def run_summary(a, rid: str) -> dict | None:
+    """fτ, κ and κ at the largest K over the first and the last tenth of a run's steps."""
+    log = [r for r in read_jsonl(a.out / "rl" / rid / "log.jsonl") if "f_tau" in r]
+    if not log:
+        return None
+    first, last = tenths(log)
+    kmax = max(a.k_choices)
+    rolls = read_jsonl(a.out / "rl" / rid / "rollouts.jsonl")
+    last_steps = {r["step"] for r in last}
+    return {"steps": log[-1]["step"],
+            "f_first": mean(r["f_tau"] for r in first), "f_last": mean(r["f_tau"] for r in last),
+            "k_first": mean(r["kappa"] for r in first), "k_last": mean(r["kappa"] for r in last),
+            "k_max_last": mean(r["n_parsed_calls"] for r in rolls if r.get("k") == kmax and r["step"] in last_steps)}
+
+
+def scores(a, model: str, mode: str, k: int) -> dict[str, float]:
+    """Question id -> score of an eval cell (an error row scores 0)."""
+    rows = read_jsonl(eval_dir(a, model, mode, k) / "results.jsonl")
+    latest = {r["id"]: r for r in rows}
+    return {i: 0.0 if r.get("error") else float(r.get("score") or 0.0) for i, r in latest.items()}
+
+
+def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    if n == 0:
+        return (0.0, 0.0)
+    c = p + z * z / (2 * n)
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    d = 1 + z * z / n
+    return ((c - h) / d, (c + h) / d)
+
+
+def acc_cell(s: dict[str, float]) -> str:
+    if not s:
+        return "–"
+    p = sum(s.values()) / len(s)
+    lo, hi = wilson(p, len(s))
+    return f"{100 * p:.1f} [{100 * lo:.0f}, {100 * hi:.0f}]"
+
+
+def paired_gain(a: dict[str, float], b: dict[str, float], reps: int = 4000) -> tuple[float, float, float]:
+    """Mean of a − b over the questions both answered, with a 95 % paired bootstrap interval."""
+    ids = sorted(set(a) & set(b))
+    d = [a[i] - b[i] for i in ids]
+    if not d:
+        return (math.nan, math.nan, math.nan)
+    rng = random.Random(0)
+    boots = sorted(sum(rng.choice(d) for _ in d) / len(d) for _ in range(reps))
+    return (sum(d) / len(d), boots[int(0.025 * reps)], boots[int(0.975 * reps) - 1])
+
+
+def seed_mean(cells: list[dict[str, float]]) -> dict[str, float]:
+    """Per question, the mean score over the seeds that answered it."""
+    ids = set().union(*cells) if cells else set()
+    return {i: mean(c.get(i) for c in cells) for i in ids}
+
+
+def advantage_gap(a, rid: str) -> dict[int, list[float | None]]:
+    """Per K and per tenth of the run: mean group advantage of the rollouts that called the tool minus
+    that of those that skipped it (the paper's mechanism: at large K the gap goes to zero, then below)."""
+    from paravt.rewards import RewardConfig
+    from paravt.train.grpo.estimator import group_advantages, shape_rewards
+
+    rolls = read_jsonl(a.out / "rl" / rid / "rollouts.jsonl")
+    groups: dict[tuple[int, int], list[dict]] = {}
+    for r in rolls:
+        groups.setdefault((r["step"], r["group"]), []).append(r)
+    steps = max((r["step"] for r in rolls), default=0)
+    cfg = RewardConfig()
+    out: dict[int, list[list[float]]] = {}
+    for (step, _), g in groups.items():
+        adv = group_advantages(shape_rewards([[r["reward"] for r in g]], cfg), batch_norm=False)[0]
+        tenth = min(9, (step - 1) * 10 // max(steps, 1))
+        called = [x for x, r in zip(adv, g) if r["n_parsed_calls"] > 0]
+        skipped = [x for x, r in zip(adv, g) if r["n_parsed_calls"] == 0]
+        if called and skipped:
+            out.setdefault(g[0]["k"], [[] for _ in range(10)])[tenth].append(mean(called) - mean(skipped))
+    return {k: [mean(c) for c in cells] for k, cells in sorted(out.items())}
+
+
+# ---- the doc
+
+
+def main_table(a) -> tuple[list[str], dict]:
+    kcols = " | ".join(f"acc K={k}" for k in a.ks)
+    kmax = max(a.k_choices)
+    lines = [f"| run | seed | steps | fτ first | fτ last | κ first | κ last | κ K={kmax} last | {kcols} |",
+             "|---|---|---|---|---|---|---|---|" + "---|" * len(a.ks)]
+    f = lambda x, d=2: "–" if x is None else f"{x:.{d}f}"  # noqa: E731
+    summaries = {}
+    for name, label in (("base", "base"), ("cold", "SFT cold start")):
+        accs = " | ".join(acc_cell(scores(a, name, "parallel", k)) for k in a.ks)
+        lines.append(f"| {label} | – | – | – | – | – | – | – | {accs} |")
+    for rid, name, seed in run_ids(a):
+        s = run_summary(a, rid)
+        if s is None:
+            continue
+        summaries[rid] = s
+        accs = " | ".join(acc_cell(scores(a, rid, "parallel", k)) for k in a.ks)
+        lines.append(f"| {RUNS[name][0]} | {seed} | {s['steps']} | {f(s['f_first'])} | {f(s['f_last'])} | "
+                     f"{f(s['k_first'])} | {f(s['k_last'])} | {f(s['k_max_last'])} | {accs} |")
+    return lines, summaries
+
+
+def block_c(a) -> list[str]:
+    lines = ["| dispatch | " + " | ".join(f"acc K={k}" for k in a.ks) + " |", "|---|" + "---|" * len(a.ks)]
+    for mode in MODES:
+        lines.append(f"| {mode} | " + " | ".join(acc_cell(scores(a, "para_s1", mode, k)) for k in a.ks) + " |")
+    return lines
+
+
+def family(summaries: dict, name: str, key: str) -> float | None:
+    return mean(s[key] for rid, s in summaries.items() if rid.rsplit("_s", 1)[0] == name)
+
+
+def claims(a, summaries: dict) -> list[str]:
+    """SPEC §5's shape, claim by claim, on the runs above (seed means where a run has two seeds)."""
+    g = lambda name, key: family(summaries, name, key)  # noqa: E731
+    out = []
+
+    def claim(text: str, ok: bool | None, measured: str) -> None:
+        mark = "not measured yet" if ok is None else ("reproduced" if ok else "**not reproduced**")
+        out.append(f"- {text}: {mark} ({measured})")
+
+    def have(*xs) -> bool:
+        return all(x is not None for x in xs)
+
+    def r2(x: float | None) -> str:
+        return "–" if x is None else f"{x:.2f}"
+
+    k0, k1, f0, f1 = (g("vanilla", k) for k in ("k_first", "k_last", "f_first", "f_last"))
+    claim("vanilla GRPO loses the tools: κ last ≤ 0.1 × κ first", k1 <= 0.1 * k0 if have(k0, k1) else None,
+          f"κ {r2(k0)} → {r2(k1)}")
+    claim("vanilla GRPO does not repair the format: fτ last ≤ fτ first + 0.05",
+          f1 <= f0 + 0.05 if have(f0, f1) else None,
+          f"fτ {r2(f0)} → {r2(f1)}")
+    gain_v = f1 - f0 if have(f0, f1) else None
+    for name in ("anchoring_only", "para"):
+        a0, a1 = g(name, "f_first"), g(name, "f_last")
+        gain = a1 - a0 if have(a0, a1) else None
+        ok = (gain >= gain_v + 0.1 and a1 >= f1) if have(gain, gain_v) else None
+        claim(f"{RUNS[name][0]} repairs the format: fτ gain ≥ vanilla's + 0.1 and fτ last ≥ vanilla's", ok,
+              f"gain {r2(gain)} vs {r2(gain_v)}; last {r2(a1)} vs {r2(f1)}")
+    for name in ("gating_only", "para"):
+        x = g(name, "k_last")
+        claim(f"{RUNS[name][0]} keeps the tools: κ last ≥ 3 × vanilla's", x >= 3 * k1 if have(x, k1) else None,
+              f"{r2(x)} vs {r2(k1)}")
+    go, pa = g("gating_only", "f_last"), g("para", "f_last")
+    claim("gating only's fτ last below PARA-GRPO's", go < pa if have(go, pa) else None, f"{r2(go)} vs {r2(pa)}")
+    nt, pk = g("no_tool", "k_last"), g("para", "k_last")
+    claim("PARA-GRPO − R_tool: κ last below PARA-GRPO's", nt < pk if have(nt, pk) else None, f"{r2(nt)} vs {r2(pk)}")
+    for i, k in enumerate(a.ks):
+        para = seed_mean([scores(a, f"para_s{s}", "parallel", k) for s in RUNS["para"][2]])
+        van = seed_mean([scores(a, f"vanilla_s{s}", "parallel", k) for s in RUNS["vanilla"][2]])
+        d, lo, hi = paired_gain(para, van)
+        if i == 0:
+            claim(f"PARA-GRPO above vanilla at K = {k} (paired 95 % interval above 0)",
+                  lo > 0 if para and van else None,
+                  f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] points" if para and van else "–")
+        else:
+            claim(f"PARA-GRPO not below vanilla at K = {k} (paired interval's upper end ≥ 0)",
+                  hi >= 0 if para and van else None,
+                  f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] points" if para and van else "–")
+    par = [scores(a, "para_s1", "parallel", k) for k in a.ks]
+    seq = [scores(a, "para_s1", "sequential", k) for k in a.ks]
+    if all(par) and all(seq):
+        vals = [(sum(p.values()) / len(p), sum(q.values()) / len(q)) for p, q in zip(par, seq)]
+        claim("block C: parallel ≥ sequential at every K", all(p >= q for p, q in vals),
+              ", ".join(f"K={k}: {100 * p:.1f} vs {100 * q:.1f}" for k, (p, q) in zip(a.ks, vals)))
+    else:
+        claim("block C: parallel ≥ sequential at every K", None, "–")
+    return out
 
 
 def plot(a) -> None:
@@ -111,197 +309,111 @@ def plot(a) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    a.docs.mkdir(parents=True, exist_ok=True)
-    # entropy and the KL to the reference tell a policy collapse apart from a policy choosing fewer calls
-    keys = [("f_tau", "fτ (mean format reward)"), ("kappa", "κ (crop calls per rollout)"),
-            ("accuracy", "rollout accuracy"), ("entropy", "policy entropy (nats/token)"),
-            ("kl", "KL to the reference (k3, log)")]
-    fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.8))
-    rl_rows, windows = [], []
-    for name in VARIANTS:
-        log = [r for r in read_jsonl(a.out / "rl" / name / "log.jsonl") if "f_tau" in r]
+    kmax = max(a.k_choices)
+    keys = [("reward", "reward"), ("f_tau", "fτ"), ("kappa", "κ (calls per rollout)"), ("k_max", f"κ at K = {kmax}"),
+            ("entropy", "entropy (nats/token)"), ("kl", "KL to the reference")]
+    fig, axes = plt.subplots(2, 3, figsize=(14, 7.5))
+    for rid, name, _ in run_ids(a):
+        log = [r for r in read_jsonl(a.out / "rl" / rid / "log.jsonl") if "f_tau" in r]
         if not log:
             continue
-        steps = [r["step"] for r in log]
-        for ax, (key, title) in zip(axes, keys):
-            ax.plot(steps, smooth([r.get(key, 0.0) for r in log], a.smooth), label=LABELS[name])
+        by_step: dict[int, list[int]] = {}
+        for r in read_jsonl(a.out / "rl" / rid / "rollouts.jsonl"):
+            if r.get("k") == kmax:
+                by_step.setdefault(r["step"], []).append(r["n_parsed_calls"])
+        for ax, (key, title) in zip(axes.flat, keys):
+            if key == "k_max":
+                xs = sorted(by_step)
+                ys = [mean(by_step[x]) for x in xs]
+            else:
+                xs, ys = [r["step"] for r in log], [r.get(key) for r in log]
+            ax.plot(xs, smooth(ys, a.smooth), label=rid, linestyle="--" if name == "vanilla" else "-")
             ax.set_title(title, fontsize=10)
             ax.set_xlabel("RL step")
-            if key == "kl":
-                ax.set_yscale("log")
-        windows.append((name, log))
-        first, last = log[: max(1, len(log) // 5)], log[-max(1, len(log) // 5):]
-        mean = lambda rows, k: sum(r[k] for r in rows) / len(rows)  # noqa: E731
-        k64 = kappa_at_k(read_jsonl(a.out / "rl" / name / "rollouts.jsonl"), 64, len(log))
-        rl_rows.append((name, len(log), mean(first, "f_tau"), mean(last, "f_tau"), mean(first, "kappa"),
-                        mean(last, "kappa"), mean(first, "accuracy"), mean(last, "accuracy"), *k64))
-    axes[0].legend(fontsize=8)
-    fig.suptitle(f"PARA-GRPO ablations on {a.title} (moving average over {a.smooth} steps)")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(f"Table 2 runs on the paradox testbed (moving average over {a.smooth} steps)")
     fig.tight_layout()
-    fig.savefig(a.docs / "paradox_rl.png", dpi=110)
+    fig.savefig(a.docs / "paradox_curves.png", dpi=100)
     plt.close(fig)
 
-    grid: dict[str, dict[tuple[str, int], dict]] = {}
-    for name in ["sft", *VARIANTS]:
-        for mode in a.modes:
-            for k in a.ks:
-                p = eval_dir(a, name, mode, k) / "summary.json"
-                if p.exists():
-                    grid.setdefault(name, {})[(mode, k)] = json.loads(p.read_text())
-    if grid:
-        fig, axes = plt.subplots(1, len(grid), figsize=(3.2 * len(grid), 3.4), squeeze=False)
-        for ax, (name, cells) in zip(axes[0], grid.items()):
-            m = [[_acc(cells.get((mode, k))) for mode in a.modes] for k in a.ks]
-            ax.imshow([[v if v is not None else float("nan") for v in row] for row in m], vmin=0, vmax=100, cmap="viridis")
-            for i, row in enumerate(m):
-                for j, v in enumerate(row):
-                    ax.text(j, i, "-" if v is None else f"{v:.0f}", ha="center", va="center", color="w", fontsize=9)
-            ax.set_xticks(range(len(a.modes)), a.modes, rotation=30, fontsize=8)
-            ax.set_yticks(range(len(a.ks)), [f"K={k}" for k in a.ks], fontsize=8)
-            ax.set_title(LABELS[name], fontsize=9)
-        fig.suptitle(f"{a.title} test accuracy (%) by overview frames K and dispatch mode")
+    gaps = {rid: advantage_gap(a, rid) for rid, _, _ in run_ids(a)}
+    ks = sorted({k for g in gaps.values() for k in g})
+    if ks:
+        fig, axes = plt.subplots(1, len(ks), figsize=(3.2 * len(ks), 3.2), squeeze=False)
+        for ax, k in zip(axes[0], ks):
+            for rid, g in gaps.items():
+                if k in g:
+                    ax.plot(range(1, 11), [float("nan") if v is None else v for v in g[k]], marker=".", label=rid)
+            ax.axhline(0, color="grey", lw=0.5)
+            ax.set_title(f"K = {k}", fontsize=10)
+            ax.set_xlabel("tenth of the run")
+        axes[0][0].set_ylabel("advantage: called − skipped")
+        axes[0][-1].legend(fontsize=6)
         fig.tight_layout()
-        fig.savefig(a.docs / "paradox_accuracy.png", dpi=110)
+        fig.savefig(a.docs / "paradox_advantage.png", dpi=100)
         plt.close(fig)
 
-    lines = [f"# The paradox on {a.title}", "", "Written by `scripts/paradox.py`; numbers from its runs. "
-             f"Every RL run starts from `{a.sft}` (config `{a.config}`); `--set`: {' '.join(a.set) or 'none'}. "
-             "Discussion: [tiny_model.md](tiny_model.md).", "",
-             f"## RL runs ({a.steps} steps each; first vs last fifth of the steps)", "",
-             "fτ: mean format reward of the rollouts (τ = 0.7); κ: crop calls per rollout; κ at K=64: the same, on",
-             "the rollouts whose overview had 64 frames (every rollout of the fixed-K runs, a fifth of the gated ones).", "",
-             "| run | steps | fτ first | fτ last | κ first | κ last | κ K=64 first | κ K=64 last | acc first | acc last |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {LABELS[n]} | {s} | {f0:.3f} | {f1:.3f} | {k0:.2f} | {k1:.2f} | {_f(q0)} | {_f(q1)} | {a0:.3f} | {a1:.3f} |"
-              for n, s, f0, f1, k0, k1, a0, a1, q0, q1 in rl_rows]
-    if windows:
-        longest = max(len(log) for _, log in windows)
-        width = max(1, longest // 10)
-        spans = [(lo, lo + width - 1) for lo in range(1, longest + 1, width)]
-        lines += ["", f"## Per {width}-step window", "",
-                  "Means over each window of steps: κ, fτ, rollout accuracy, policy entropy (nats per token) and",
-                  "KL to the reference; a rising entropy and KL mark a policy that diverges rather than one that",
-                  "chooses fewer calls.", "",
-                  "| run | metric | " + " | ".join(f"{lo}-{hi}" for lo, hi in spans) + " |",
-                  "|---|---|" + "---|" * len(spans)]
-        for name, log in windows:
-            for key, label, fmt in [("kappa", "κ", "{:.2f}"), ("f_tau", "fτ", "{:.2f}"), ("accuracy", "acc", "{:.2f}"),
-                                    ("entropy", "entropy", "{:.2f}"), ("kl", "KL", "{:.3f}")]:
-                cells = []
-                for lo, hi in spans:
-                    xs = [r.get(key, 0.0) for r in log if lo <= r["step"] <= hi]
-                    cells.append(fmt.format(sum(xs) / len(xs)) if xs else "-")
-                lines.append(f"| {LABELS[name]} | {label} | " + " | ".join(cells) + " |")
-    lines += ["", f"## Test accuracy (%), {a.limit} questions per cell (crops per episode in brackets)", "",
-              "| model | " + " | ".join(f"{mode} K={k}" for mode in a.modes for k in a.ks) + " |",
-              "|---|" + "---|" * (len(a.modes) * len(a.ks))]
-    for name, cells in grid.items():
-        vals = []
-        for mode in a.modes:
-            for k in a.ks:
-                c = cells.get((mode, k))
-                vals.append("-" if c is None else f"{_acc(c):.1f} ({c.get('mean_tool_calls', 0):.1f})")
-        lines.append(f"| {LABELS[name]} | " + " | ".join(vals) + " |")
-    header = ["| model | " + " | ".join(f"{mode} K={k}" for mode in a.modes for k in a.ks) + " |",
-              "|---|" + "---|" * (len(a.modes) * len(a.ks))]
-    tasks = sorted({t for cells in grid.values() for c in cells.values() for t in (c.get("by_task") or {})})
-    if len(tasks) > 1:
-        lines += ["", "## Accuracy (%) by question kind, parallel dispatch", "",
-                  "| model | " + " | ".join(f"{t} K={k}" for t in tasks for k in a.ks) + " |",
-                  "|---|" + "---|" * (len(tasks) * len(a.ks))]
-        for name, cells in grid.items():
-            vals = []
-            for t in tasks:
-                for k in a.ks:
-                    g = ((cells.get(("parallel", k)) or {}).get("by_task") or {}).get(t)
-                    vals.append("-" if g is None else f"{g['score']:.0f} ({g['n']})")
-            lines.append(f"| {LABELS[name]} | " + " | ".join(vals) + " |")
-    said, answered = [], []
-    for name in grid:
-        s_vals, a_vals = [], []
-        for mode in a.modes:
-            for k in a.ks:
-                rows = read_jsonl(eval_dir(a, name, mode, k) / "results.jsonl")
-                colour = [r for r in rows if _is_colour(r) and r.get("episode")]
-                right = sum(stated_answer(" ".join(t["generation"]["text"] for t in r["episode"]["turns"])) == r["answer"]
-                            for r in colour)
-                s_vals.append(f"{100 * right / len(colour):.0f}" if colour else "-")
-                a_vals.append(f"{100 * sum(r['score'] for r in colour) / len(colour):.0f}" if colour else "-")
-        said.append(f"| {LABELS[name]} | " + " | ".join(s_vals) + " |")
-        answered.append(f"| {LABELS[name]} | " + " | ".join(a_vals) + " |")
-    others = ("the by-kind table above has the others" if len(tasks) > 1
-              else "the other questions of each cell are background-colour controls (chance 1 in 6)")
-    lines += ["", "## Colour questions: answer accuracy (%; chance 12.5 %)", "",
-              f"Colour questions only; {others}.", "", *header, *answered]
-    lines += ["", "## Colour named in the reasoning (%, of the cell's colour questions)", "",
-              "The final think of a colour question usually ends \"So the answer is: <colour>.\"; this is how often",
-              "that colour is the right one, whatever the <answer> tag says (perception and one copy; chance 12.5 %).", "",
-              *header, *said]
-    (a.docs / "paradox.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+
+def smooth(xs: list, w: int) -> list[float]:
+    out = []
+    for i in range(len(xs)):
+        win = [x for x in xs[max(0, i - w + 1):i + 1] if x is not None]
+        out.append(sum(win) / len(win) if win else float("nan"))
+    return out
 
 
-def kappa_at_k(rollouts: list[dict], k: int, steps: int) -> tuple[float | None, float | None]:
-    """Mean crop calls of the rollouts with K = k, over the first and the last fifth of the steps."""
-    fifth = max(1, steps // 5)
-    first = [r["n_parsed_calls"] for r in rollouts if r.get("k") == k and r["step"] <= fifth]
-    last = [r["n_parsed_calls"] for r in rollouts if r.get("k") == k and r["step"] > steps - fifth]
-    mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
-    return mean(first), mean(last)
-
-
-def _f(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}"
-
-
-def _is_colour(row: dict) -> bool:
-    """A SynthVT colour question (older results name no task: every open-ended question was one)."""
-    task = (row.get("extras") or {}).get("task")
-    return task in ("colour", "colour_oe") if task else row.get("question_type") == "oe"
-
-
-def _acc(summary: dict | None) -> float | None:
-    if summary is None:
-        return None
-    return float(summary.get("accuracy", 0.0))  # summary.json holds percentages
+def write_doc(a) -> str:
+    plot(a)
+    table, summaries = main_table(a)
+    body = [START, f"Runs of {a.steps} steps from `{a.cold}` (config `{a.config}`); held-out accuracy on the first "
+            f"{a.limit} questions of `{a.test}`, greedy, parallel dispatch, with the 95 % Wilson interval. fτ, κ: "
+            "means over the first and the last tenth of the steps (τ = 0.7 rollouts).", "", *table, "",
+            "Block C, the first PARA-GRPO seed's checkpoint by dispatch mode:", "", *block_c(a), "",
+            "![curves](paradox_curves.png)", "", "![advantage gap](paradox_advantage.png)", "",
+            "What reproduced:", "", *claims(a, summaries), END]
+    text = "\n".join(body)
+    path = a.docs / "paradox.md"
+    doc = path.read_text() if path.exists() else ""
+    if START in doc:
+        head, rest = doc.split(START, 1)
+        doc = head + text + rest.split(END, 1)[1]
+    else:
+        doc += "\n" + text + "\n"
+    path.write_text(doc)
+    return text
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sft", type=Path, default=Path("runs/sft_tiny/checkpoint"))
-    p.add_argument("--train", type=Path, default=Path("data/mini_train"))
-    p.add_argument("--test", type=Path, default=Path("data/mini_test"))
+    p.add_argument("--base", type=Path, default=ROOT / "src/paravt/assets/paradox-base")
+    p.add_argument("--cold", type=Path, default=ROOT / "src/paravt/assets/paradox-cold")
+    p.add_argument("--train", type=Path, default=Path("data/paradox_train"))
+    p.add_argument("--test", type=Path, default=Path("data/paradox_test"))
     p.add_argument("--out", type=Path, default=Path("runs/paradox"))
-    p.add_argument("--docs", type=Path, default=Path("docs"))
-    p.add_argument("--config", default="src/paravt/configs/grpo_tiny.yaml")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--set", action="append", default=[], help="extra override for every RL run (KEY=VALUE)")
-    p.add_argument("--variants", nargs="*", default=[], help=f"subset of {', '.join(VARIANTS)}")
+    p.add_argument("--docs", type=Path, default=ROOT / "docs")
+    p.add_argument("--config", type=Path, default=ROOT / "src/paravt/configs/grpo_tiny.yaml")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--set", action="append", default=[], help="an override for every RL run (KEY=VALUE)")
+    p.add_argument("--runs", type=lambda s: s.split(","), default=[], help="run ids or families (default: all)")
     p.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=[4, 16, 64])
-    p.add_argument("--modes", type=lambda s: s.split(","), default=["parallel", "sequential", "none"])
-    p.add_argument("--limit", type=int, default=40, help="test questions per eval cell")
-    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--k-choices", dest="k_choices", type=lambda s: [int(x) for x in s.split(",")],
+                   default=[4, 8, 16, 32, 64])
+    p.add_argument("--limit", type=int, default=200, help="held-out questions per accuracy cell")
     p.add_argument("--max-new-tokens", type=int, default=320)
     p.add_argument("--jobs", type=int, default=2, help="commands at once (one torch thread each)")
-    p.add_argument("--smooth", type=int, default=5)
-    p.add_argument("--eval-device", choices=["cpu", "auto"], default="cpu",
-                   help="cpu: evaluate in fp32 on the CPU even where RL ran on a GPU (figures comparable across machines)")
-    p.add_argument("--stage", choices=["all", "train", "eval", "plot"], default="all")
-    p.add_argument("--title", default=None, help="the testbed's name in the report (default: from --test)")
+    p.add_argument("--smooth", type=int, default=10)
+    p.add_argument("--stage", choices=["all", "train", "eval", "doc"], default="all")
     a = p.parse_args()
-    a.title = a.title or ("SynthVT-hard" if "hard" in str(a.test) else "SynthVT-mini")
-    script = Path(sys.executable).parent / "paravt"  # absent where the package is on PYTHONPATH only
+    script = Path(sys.executable).parent / "paravt"
     a.paravt = [str(script)] if script.exists() else [sys.executable, "-m", "paravt"]
     failed = 0
     with ThreadPoolExecutor(a.jobs) as pool:
-        first = train_jobs(a) if a.stage in ("all", "train") else []
-        if a.stage == "all":  # the SFT start's grid needs no RL run: it fills the cores the RL runs leave idle
-            first += eval_jobs(a, {"sft"})
-        failed += sum(rc != 0 for rc in pool.map(lambda j: run(*j), first))
+        if a.stage in ("all", "train"):
+            failed += sum(rc != 0 for rc in pool.map(lambda j: run(*j), train_jobs(a)))
         if a.stage in ("all", "eval"):
-            rest = eval_jobs(a, None if a.stage == "eval" else set(VARIANTS))
-            failed += sum(rc != 0 for rc in pool.map(lambda j: run(*j), rest))
-    plot(a)
+            failed += sum(rc != 0 for rc in pool.map(lambda j: run(*j), eval_jobs(a)))
+    if a.stage in ("all", "doc"):
+        print(write_doc(a))
     sys.exit(1 if failed else 0)
 
 

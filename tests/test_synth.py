@@ -711,3 +711,40 @@ def test_cli_hard_preset_and_tool_prior(tmp_path):
     assert set(vis["question_kinds"]) <= HARD_KINDS | {"background", "background_major"}
     bad = CliRunner().invoke(app, ["synth", "--preset", "huge", "--out", str(tmp_path / "b")])
     assert bad.exit_code == 2 and "--preset" in bad.output
+
+
+def test_the_tool_prior_layout_competes_with_paravts_format():
+    """The paradox preset's prior.parquet (synth.prior): the same episodes as the cold start's rows in
+    another habit — no think, one call a turn, only where the overview misses the evidence, the answer
+    as a sentence. paravt parses its calls and its answer, and its format reward is far below the
+    oracle's own rows (the base's fτ before the cold start)."""
+    from paravt.rewards import RewardConfig, format_reward
+    from paravt.synth.dataset import PARADOX_TASK
+    from paravt.synth.oracle import answer_text, to_sft_rows
+    from paravt.synth.prior import to_prior_rows
+
+    assert PARADOX_TASK["tool_prior"] == 0.9 and PARADOX_TASK["prior_rows"]
+    ep, seen = EpisodeConfig(), {"direct": 0, "calls": 0}
+    for seed in range(6):
+        spec = make_spec(seed, min_len=60, max_len=80)
+        crop = nominal_crop_times(spec.duration)
+        for q in make_questions(spec, "v", np.random.default_rng(seed), 2):
+            for k in (4, 64):
+                traj = make_trajectory(spec, q, overview_times(spec.duration, k), crop, np.random.default_rng(k), 5,
+                                       "evidence", 1.0)
+                prior = [r for r in to_prior_rows(traj, q, "v.mp4", spec.duration, ep) if r["kind"] == "main"]
+                own = [r for r in to_sft_rows(traj, q, "v.mp4", spec.duration, ep) if r["kind"] == "main"]
+                assert prior[0]["id"].endswith("-prior-main") and own[0]["id"].endswith(f"-k{k}-main")
+                said = [m["content"][0]["text"] for m in prior[0]["messages"] if m["role"] == "assistant"]
+                turns = [P.parse(t) for t in said]
+                assert all(t.think is None and "<think>" not in t.text for t in turns)
+                assert all(len(t.calls) == 1 for t in turns[:-1]) and not turns[-1].calls
+                # no answer tags: paravt reads the whole sentence as the answer (F1 counts its extra words)
+                assert said[-1] == f"The answer is {answer_text(q)}." and P.extract_answer(said[-1]) == said[-1]
+                # the oracle crops at every K (tool prior 1); the prior only where the overview misses the event
+                assert traj.calls and (len(turns) == 1) == (traj.redundant or traj.direct)
+                seen["direct"] += len(turns) == 1
+                seen["calls"] += len(turns) > 1
+                mine = [m["content"][0]["text"] for m in own[0]["messages"] if m["role"] == "assistant"]
+                assert format_reward(said, RewardConfig()) < 0.5 <= format_reward(mine, RewardConfig(), prefix="")
+    assert seen["direct"] and seen["calls"]
