@@ -260,7 +260,8 @@ def claims(a, summaries: dict) -> list[str]:
         return "–" if x is None else f"{x:.2f}"
 
     k0, k1, f0, f1 = (g("vanilla", k) for k in ("k_first", "k_last", "f_first", "f_last"))
-    claim("vanilla GRPO loses the tools: κ last ≤ 0.1 × κ first", k1 <= 0.1 * k0 if have(k0, k1) else None,
+    claim("vanilla GRPO loses the tools: κ last ≤ 0.1 × κ first (> 0)",
+          k0 > 0 and k1 <= 0.1 * k0 if have(k0, k1) else None,
           f"κ {r2(k0)} → {r2(k1)}")
     claim("vanilla GRPO does not repair the format: fτ last ≤ fτ first + 0.05",
           f1 <= f0 + 0.05 if have(f0, f1) else None,
@@ -274,7 +275,8 @@ def claims(a, summaries: dict) -> list[str]:
               f"gain {r2(gain)} vs {r2(gain_v)}; last {r2(a1)} vs {r2(f1)}")
     for name in ("gating_only", "para"):
         x = g(name, "k_last")
-        claim(f"{RUNS[name][0]} keeps the tools: κ last ≥ 3 × vanilla's", x >= 3 * k1 if have(x, k1) else None,
+        claim(f"{RUNS[name][0]} keeps the tools: κ last ≥ 3 × vanilla's (and > 0)",
+              x > 0 and x >= 3 * k1 if have(x, k1) else None,
               f"{r2(x)} vs {r2(k1)}")
     go, pa = g("gating_only", "f_last"), g("para", "f_last")
     claim("gating only's fτ last below PARA-GRPO's", go < pa if have(go, pa) else None, f"{r2(go)} vs {r2(pa)}")
