@@ -113,6 +113,8 @@ def measure(a, name: str) -> dict:
     cells = [(f"greedy_k{k}", dict(frames=k), "parallel") for k in KS] + \
             [(f"t07_k{k}", dict(frames=k, temperature=a.temperature, seed=0), "parallel") for k in KS] + \
             [("none_k64", dict(frames=64), "none")]
+    # the same without the forced think prefix: the vanilla baseline's rollouts (the release's setting)
+    cells += [(f"{c}_np", {**o, "think_prefix": False}, m) for c, o, m in cells if c != "none_k64"]
     result = {}
     for cell, over, mode in cells:
         cfg = eval_config(mode=mode, max_new_tokens=a.max_new_tokens, **over)
@@ -132,6 +134,23 @@ def measure(a, name: str) -> dict:
                         "parse_problems": sum(problems) / n}
     (out / "summary.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def table_np(results: dict[str, dict]) -> str:
+    """Without the think prefix (the vanilla baseline's rollouts)."""
+    head = ("| model | fτ (τ = 0.7) | format, greedy | parse problems τ = 0.7 / greedy | κ (τ = 0.7, K mix) | "
+            "κ K=64 (τ = 0.7) | " + " | ".join(f"acc K={k}" for k in KS) + " |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for name, r in results.items():
+        if "t07_k64_np" not in r:
+            continue
+        t07, greedy = [r[f"t07_k{k}_np"] for k in KS], [r[f"greedy_k{k}_np"] for k in KS]
+        mean = lambda cells, key: sum(c[key] for c in cells) / len(cells)  # noqa: E731
+        lines.append(
+            f"| {name} | {mean(t07, 'format'):.2f} | {mean(greedy, 'format'):.2f} | "
+            f"{mean(t07, 'parse_problems'):.2f} / {mean(greedy, 'parse_problems'):.2f} | {mean(t07, 'kappa'):.2f} | "
+            f"{r['t07_k64_np']['kappa']:.2f} | " + " | ".join(f"{100 * c['accuracy']:.1f}" for c in greedy) + " |")
+    return "\n".join(lines)
 
 
 def table(results: dict[str, dict]) -> str:
@@ -155,7 +174,8 @@ def write_doc(a, results: dict[str, dict]) -> None:
     start, end = "<!-- testbed table: scripts/paradox_testbed.py --write-doc -->", "<!-- end of testbed table -->"
     body = (f"{start}\n{a.limit} test questions per cell (SynthVT `paradox` preset, test split); greedy and τ = "
             f"{a.temperature} (seed 0) episodes, parallel dispatch, {a.max_new_tokens} new tokens a turn.\n\n"
-            f"{table(results)}\n{end}")
+            f"{table(results)}\n\nThe same without the forced think prefix (the vanilla baseline's rollouts):\n\n"
+            f"{table_np(results)}\n{end}")
     path = Path(a.write_doc)
     text = path.read_text() if path.exists() else f"# The paradox testbed\n\n{start}\n{end}\n"
     if start not in text:
@@ -177,6 +197,8 @@ def main() -> None:
                    help="cold-start checkpoints to keep (cumulative steps)")
     p.add_argument("--cold-lr", type=float, default=3e-4)
     p.add_argument("--models", default=None, help="comma-separated models to measure (default: base and each cold_N)")
+    p.add_argument("--np-models", type=lambda s: s.split(","), default=None,
+                   help="measure only these without the think prefix too (default: every model measured)")
     p.add_argument("--sft", default=None, help="also measure this checkpoint as 'sft' (e.g. the shipped SFT start)")
     p.add_argument("--limit", type=int, default=100, help="test questions per cell")
     p.add_argument("--temperature", type=float, default=0.7)
@@ -196,8 +218,12 @@ def main() -> None:
         results = {}
         for name in names:
             cached = a.out / "measure" / name / "summary.json"
-            results[name] = json.loads(cached.read_text()) if cached.exists() else measure(a, name)
+            results[name] = json.loads(cached.read_text()) if cached.exists() else {}
+            if "t07_k64_np" not in results[name] and (a.np_models is None or name in a.np_models):
+                # cells added since: the others resume at once
+                results[name] = measure(a, name)
         print(table(results))
+        print(table_np(results))
         if a.write_doc:
             write_doc(a, results)
 
