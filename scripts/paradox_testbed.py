@@ -114,7 +114,8 @@ def measure(a, name: str) -> dict:
             [(f"t07_k{k}", dict(frames=k, temperature=a.temperature, seed=0), "parallel") for k in KS] + \
             [("none_k64", dict(frames=64), "none")]
     # the same without the forced think prefix: the vanilla baseline's rollouts (the release's setting)
-    cells += [(f"{c}_np", {**o, "think_prefix": False}, m) for c, o, m in cells if c != "none_k64"]
+    if a.np_models is None or name in a.np_models:
+        cells += [(f"{c}_np", {**o, "think_prefix": False}, m) for c, o, m in cells if c != "none_k64"]
     result = {}
     for cell, over, mode in cells:
         cfg = eval_config(mode=mode, max_new_tokens=a.max_new_tokens, **over)
@@ -154,25 +155,29 @@ def table_np(results: dict[str, dict]) -> str:
 
 
 def table(results: dict[str, dict]) -> str:
-    head = ("| model | fτ (τ = 0.7) | format, greedy | parse problems τ = 0.7 / greedy | κ (τ = 0.7, K mix) | "
-            "κ K=64 (τ = 0.7) | acc K=64, tools | acc K=64, none | " + " | ".join(f"acc K={k}" for k in KS) + " |")
+    head = ("| model | questions | fτ (τ = 0.7) | format, greedy | parse problems τ = 0.7 / greedy | "
+            "κ (τ = 0.7, K mix) | κ K=64 (τ = 0.7) | acc K=64, tools | acc K=64, none | "
+            + " | ".join(f"acc K={k}" for k in KS) + " |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for name, r in results.items():
         t07 = [r[f"t07_k{k}"] for k in KS]
         greedy = [r[f"greedy_k{k}"] for k in KS]
         mean = lambda cells, key: sum(c[key] for c in cells) / len(cells)  # noqa: E731
+        n = min(c["n"] for key, c in r.items() if not key.endswith("_np"))
         lines.append(
-            f"| {name} | {mean(t07, 'format'):.2f} | {mean(greedy, 'format'):.2f} | "
+            f"| {name} | {n} | {mean(t07, 'format'):.2f} | {mean(greedy, 'format'):.2f} | "
             f"{mean(t07, 'parse_problems'):.2f} / {mean(greedy, 'parse_problems'):.2f} | {mean(t07, 'kappa'):.2f} | "
             f"{r['t07_k64']['kappa']:.2f} | {100 * r['greedy_k64']['accuracy']:.1f} | "
-            f"{100 * r['none_k64']['accuracy']:.1f} | " + " | ".join(f"{100 * c['accuracy']:.1f}" for c in greedy) + " |")
+            f"{100 * r['none_k64']['accuracy']:.1f} | "
+            + " | ".join(f"{100 * c['accuracy']:.1f}" for c in greedy) + " |")
     return "\n".join(lines)
 
 
 def write_doc(a, results: dict[str, dict]) -> None:
     """The measured table between the markers of --write-doc's file (the prose around it stays)."""
     start, end = "<!-- testbed table: scripts/paradox_testbed.py --write-doc -->", "<!-- end of testbed table -->"
-    body = (f"{start}\n{a.limit} test questions per cell (SynthVT `paradox` preset, test split); greedy and τ = "
+    body = (f"{start}\nThe first questions of the test split (SynthVT `paradox` preset; their number is the table's "
+            f"`questions`, the least over a model's cells); greedy and τ = "
             f"{a.temperature} (seed 0) episodes, parallel dispatch, {a.max_new_tokens} new tokens a turn.\n\n"
             f"{table(results)}\n\nThe same without the forced think prefix (the vanilla baseline's rollouts):\n\n"
             f"{table_np(results)}\n{end}")
@@ -219,7 +224,8 @@ def main() -> None:
         for name in names:
             cached = a.out / "measure" / name / "summary.json"
             results[name] = json.loads(cached.read_text()) if cached.exists() else {}
-            if "t07_k64_np" not in results[name] and (a.np_models is None or name in a.np_models):
+            wants_np = a.np_models is None or name in a.np_models
+            if not results[name] or ("t07_k64_np" not in results[name] and wants_np):
                 # cells added since: the others resume at once
                 results[name] = measure(a, name)
         print(table(results))
