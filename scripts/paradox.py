@@ -61,10 +61,14 @@ def run_ids(a) -> list[tuple[str, str, int]]:
     return out
 
 
-def run(cmd: list[str], log: Path) -> int:
+CPU = {"CUDA_VISIBLE_DEVICES": ""}  # the campaign's figures are CPU fp32 ones, wherever it runs
+
+
+def run(cmd: list[str], log: Path, extra_env: dict[str, str] | None = None) -> int:
+    """One command at one torch thread, its output appended to `log` (scripts/paradox_synthvt.py uses it too)."""
     print("$", shlex.join(cmd), flush=True)
     log.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **(extra_env or {})}
     with open(log, "a") as f:
         rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
     if rc:
@@ -72,7 +76,7 @@ def run(cmd: list[str], log: Path) -> int:
     return rc
 
 
-def train_jobs(a) -> list[tuple[list[str], Path]]:
+def train_jobs(a) -> list[tuple[list[str], Path, dict]]:
     jobs = []
     for rid, name, seed in run_ids(a):
         out = a.out / "rl" / rid
@@ -81,7 +85,7 @@ def train_jobs(a) -> list[tuple[list[str], Path]]:
                "-o", f"seed={seed}"]
         for o in RUNS[name][1] + a.set:
             cmd += ["-o", o]
-        jobs.append((cmd, out / "train.log"))
+        jobs.append((cmd, out / "train.log", CPU))
     return jobs
 
 
@@ -99,7 +103,7 @@ def eval_dir(a, model: str, mode: str, k: int) -> Path:
     return a.out / "eval" / f"{model}__{mode}__k{k}"
 
 
-def eval_jobs(a) -> list[tuple[list[str], Path]]:
+def eval_jobs(a) -> list[tuple[list[str], Path, dict]]:
     cells = [(name, "parallel", k) for k in a.ks for name in models(a)]
     if "para_s1" in models(a):  # block C
         cells += [("para_s1", mode, k) for mode in MODES[1:] for k in a.ks]
@@ -109,7 +113,7 @@ def eval_jobs(a) -> list[tuple[list[str], Path]]:
         cmd = [*a.paravt, "eval", "run", "--bench", "synthvt", "--data", str(a.test), "--model", models(a)[name],
                "--mode", mode, "--frames", str(k), "--out", str(out), "--limit", str(a.limit),
                "--concurrency", "8", "--max-new-tokens", str(a.max_new_tokens)]
-        jobs.append((cmd, out / "eval.log"))
+        jobs.append((cmd, out / "eval.log", CPU))
     return jobs
 
 

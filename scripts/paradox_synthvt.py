@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shlex
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from paravt.synth.oracle import stated_answer
+from paradox import run  # scripts/paradox.py, beside this file
 
 # overrides of src/paravt/configs/grpo_tiny.yaml (PARA-GRPO with token anchoring). The vanilla baseline is
 # the release's: no nFrames gating, no anchoring, and its format prompt without the think prefix and the
@@ -42,17 +40,6 @@ VARIANTS = {
 LABELS = {"sft": "SFT start", "vanilla": "vanilla GRPO", "para_token": "PARA-GRPO (token anchor)",
           "para_sequence": "PARA-GRPO (sequence anchor)", "anchoring_only": "anchoring only",
           "gating_only": "gating only"}
-
-
-def run(cmd: list[str], log: Path, extra_env: dict[str, str] | None = None) -> int:
-    print("$", shlex.join(cmd), flush=True)
-    log.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **(extra_env or {})}
-    with open(log, "a") as f:
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
-    if rc:
-        print(f"  failed ({rc}); see {log}", flush=True)
-    return rc
 
 
 def train_jobs(a) -> list[tuple[list[str], Path]]:
