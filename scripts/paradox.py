@@ -51,14 +51,15 @@ START, END = "<!-- table 2: scripts/paradox.py --stage doc -->", "<!-- end of ta
 
 
 def run_ids(a) -> list[tuple[str, str, int]]:
-    """(run id, family, seed) of the selected runs."""
+    """(run id, family, seed) of the selected runs, every family's first seed before any second one (so a
+    campaign cut short has one run of each: vanilla and PARA-GRPO first)."""
     out = []
     for name, (_, _, seeds) in RUNS.items():
         for seed in seeds:
             rid = f"{name}_s{seed}"
             if not a.runs or rid in a.runs or name in a.runs:
                 out.append((rid, name, seed))
-    return out
+    return sorted(out, key=lambda r: r[2])  # stable: the families keep RUNS's order within a seed
 
 
 CPU = {"CUDA_VISIBLE_DEVICES": ""}  # the campaign's figures are CPU fp32 ones, wherever it runs
@@ -99,6 +100,13 @@ def models(a) -> dict[str, str]:
     return out
 
 
+def think_prefix(model: str) -> bool:
+    """Each model is evaluated under the prompt it was trained with: the base (its own habit breaks under
+    the forced prefix) and the vanilla runs (rollouts without it, as the release's) begin their turns
+    themselves; the cold start and every other run get paravt's `<think>` prefix."""
+    return model != "base" and not model.startswith("vanilla")
+
+
 def eval_dir(a, model: str, mode: str, k: int) -> Path:
     return a.out / "eval" / f"{model}__{mode}__k{k}"
 
@@ -113,6 +121,8 @@ def eval_jobs(a) -> list[tuple[list[str], Path, dict]]:
         cmd = [*a.paravt, "eval", "run", "--bench", "synthvt", "--data", str(a.test), "--model", models(a)[name],
                "--mode", mode, "--frames", str(k), "--out", str(out), "--limit", str(a.limit),
                "--concurrency", "8", "--max-new-tokens", str(a.max_new_tokens)]
+        if not think_prefix(name):
+            cmd.append("--no-think-prefix")
         jobs.append((cmd, out / "eval.log", CPU))
     return jobs
 
@@ -368,12 +378,19 @@ def smooth(xs: list, w: int) -> list[float]:
     return out
 
 
+def shown(path: Path) -> str:
+    """A path as the doc shows it: relative to the repository, never this machine's."""
+    p = Path(path).resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(path)
+
+
 def write_doc(a) -> str:
     plot(a)
     table, summaries = main_table(a)
-    body = [START, f"Runs of {a.steps} steps from `{a.cold}` (config `{a.config}`); held-out accuracy on the first "
-            f"{a.limit} questions of `{a.test}`, greedy, parallel dispatch, with the 95 % Wilson interval. fτ, κ: "
-            "means over the first and the last tenth of the steps (τ = 0.7 rollouts).", "", *table, "",
+    body = [START, f"Runs of {a.steps} steps from `{shown(a.cold)}` (config `{shown(a.config)}`); held-out accuracy on "
+            f"the first {a.limit} questions of `{shown(a.test)}`, greedy, parallel dispatch, with the 95 % Wilson "
+            "interval; the base and the vanilla runs are evaluated without the think prefix, as they were trained. "
+            "fτ, κ: means over the first and the last tenth of the steps (τ = 0.7 rollouts).", "", *table, "",
             "Block C, the first PARA-GRPO seed's checkpoint by dispatch mode:", "", *block_c(a), "",
             "![curves](paradox_curves.png)", "", "![advantage gap](paradox_advantage.png)", "",
             "What reproduced:", "", *claims(a, summaries), END]

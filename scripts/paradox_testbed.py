@@ -198,7 +198,7 @@ def main() -> None:
     p.add_argument("--n-train", type=int, default=2000)
     p.add_argument("--n-test", type=int, default=300)
     p.add_argument("--base-steps", type=int, default=1200, help="SFT steps on the tool-prior layout")
-    p.add_argument("--cold-steps", type=lambda s: [int(x) for x in s.split(",")], default=[50, 100, 200],
+    p.add_argument("--cold-steps", type=lambda s: [int(x) for x in s.split(",")], default=[50, 100, 200, 400],
                    help="cold-start checkpoints to keep (cumulative steps)")
     p.add_argument("--cold-lr", type=float, default=3e-4)
     p.add_argument("--models", default=None, help="comma-separated models to measure (default: base and each cold_N)")
@@ -208,7 +208,7 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=100, help="test questions per cell")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--max-new-tokens", type=int, default=320)
-    p.add_argument("--ship-cold", default="cold_100", help="the cold start that --stage ship copies to the assets")
+    p.add_argument("--ship-cold", default="cold_400", help="the cold start that --stage ship copies to the assets")
     p.add_argument("--write-doc", default=None, help="put the table into this markdown file (e.g. docs/paradox.md)")
     a = p.parse_args()
     a.paravt = [sys.executable, "-m", "paravt"]

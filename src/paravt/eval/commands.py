@@ -71,7 +71,7 @@ def eval_command(*, bench: str, data: str, videos: str | None, model: str | None
                  keep_token_ids: bool = False, served_model: str | None = None, image_format: str = "png",
                  oe_metric: str = "f1", sample_timeout_s: float | None = 1800.0, progress: bool = True,
                  prompts: str = "paravt", timeout_s: float = 600.0, final_turn_think: bool = True,
-                 max_error_rate: float = 0.5) -> dict:
+                 max_error_rate: float = 0.5, think_prefix: bool = True) -> dict:
     """Load the benchmark, build the backend(s), run, print the summary and the errors' causes.
     Returns the summary; exits 1 (typer.Exit) when the run failed (see run_failed): the rows
     written stay, and a rerun retries the failed samples."""
@@ -91,7 +91,7 @@ def eval_command(*, bench: str, data: str, videos: str | None, model: str | None
         # the arguments first: a typo must not cost a model load or a benchmark scan
         cfg = eval_config(mode=mode, frames=frames, max_turns=max_turns, max_parallel=max_parallel,
                           max_new_tokens=max_new_tokens, prompts=prompts, model_timeout_s=timeout_s,
-                          final_turn_think=final_turn_think)
+                          final_turn_think=final_turn_think, think_prefix=think_prefix)
         reward_cfg = RewardConfig(oe_metric=oe_metric)
         if concurrency < 1:
             raise ValueError(f"--concurrency must be >= 1, got {concurrency}")
@@ -178,6 +178,10 @@ def eval_run(
     final_turn_think: bool = typer.Option(True, help="The last round's forced answer keeps the think prefix and the "
                                                      "full token budget (--no-final-turn-think: a direct answer in "
                                                      "64 / 128 tokens, as the public evaluation)."),
+    think_prefix: bool = typer.Option(True, help="Open each of the model's turns with `<think>` (paravt's prompts and "
+                                                 "PARA-GRPO's rollouts); --no-think-prefix lets the model begin "
+                                                 "its turns itself, as one trained without it expects (the "
+                                                 "release's vanilla GRPO, a base model's own habit)."),
     retry_errors: bool = typer.Option(True, help="On resume, rerun samples whose row is an error."),
     keep_token_ids: bool = typer.Option(False, help="Keep token ids / logprobs in the traces (large)."),
     force: bool = typer.Option(False, help="Resume even if the run's settings changed."),
@@ -192,7 +196,8 @@ def eval_run(
                  max_new_tokens=max_new_tokens, api_key=api_key, force=force, retry_errors=retry_errors,
                  keep_token_ids=keep_token_ids, served_model=served_model, image_format=image_format,
                  oe_metric=oe_metric, sample_timeout_s=sample_timeout if sample_timeout > 0 else None,
-                 prompts=prompts, timeout_s=timeout, final_turn_think=final_turn_think, max_error_rate=max_error_rate)
+                 prompts=prompts, timeout_s=timeout, final_turn_think=final_turn_think, max_error_rate=max_error_rate,
+                 think_prefix=think_prefix)
 
 
 @eval_app.command("report")
