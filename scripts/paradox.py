@@ -328,6 +328,7 @@ def plot(a) -> None:
     kmax = max(a.k_choices)
     keys = [("reward", "reward"), ("f_tau", "fτ"), ("kappa", "κ (calls per rollout)"), ("k_max", f"κ at K = {kmax}"),
             ("entropy", "entropy (nats/token)"), ("kl", "KL to the reference")]
+    colors = {rid: f"C{i}" for i, (rid, _, _) in enumerate(run_ids(a))}  # one colour a run in both figures
     fig, axes = plt.subplots(2, 3, figsize=(14, 7.5))
     for rid, name, _ in run_ids(a):
         log = [r for r in read_jsonl(a.out / "rl" / rid / "log.jsonl") if "f_tau" in r]
@@ -343,7 +344,7 @@ def plot(a) -> None:
                 ys = [mean(by_step[x]) for x in xs]
             else:
                 xs, ys = [r["step"] for r in log], [r.get(key) for r in log]
-            ax.plot(xs, smooth(ys, a.smooth), label=rid, linestyle="--" if name == "vanilla" else "-")
+            ax.plot(xs, smooth(ys, a.smooth), label=rid, color=colors[rid], linestyle="--" if name == "vanilla" else "-")
             ax.set_title(title, fontsize=10)
             ax.set_xlabel("RL step")
     axes.flat[0].legend(fontsize=7)
@@ -359,10 +360,12 @@ def plot(a) -> None:
         for ax, k in zip(axes[0], ks):
             for rid, g in gaps.items():
                 if k in g:
-                    ax.plot(range(1, 11), [float("nan") if v is None else v for v in g[k]], marker=".", label=rid)
+                    ax.plot(range(1, 11), [float("nan") if v is None else v for v in g[k]], marker=".", label=rid,
+                            color=colors[rid])
             ax.axhline(0, color="grey", lw=0.5)
             ax.set_title(f"K = {k}", fontsize=10)
             ax.set_xlabel("tenth of the run")
+            ax.set_xlim(0.5, 10.5)
         axes[0][0].set_ylabel("advantage: called − skipped")
         axes[0][-1].legend(fontsize=6)
         fig.tight_layout()
