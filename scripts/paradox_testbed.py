@@ -10,6 +10,7 @@ skipping them is a shortcut at large K. This script makes them and measures them
 2. base: frame captions, then SFT at length on prior.parquet: a model whose own tool habit is
    one call a turn, no think, answers without tags (Qwen3-VL's pretrained tool use, in miniature).
 3. cold start: a short SFT of the base on paravt's format (sft.parquet), checkpoints kept along it.
+   (contrast: the same cold start from the captions checkpoint, without the prior; not part of `all`.)
 4. measure each model: greedy and τ = 0.7 episodes at K = 4, 16, 64 (parallel dispatch), and K = 64
    with tools skipped (mode none): format reward (fτ at τ = 0.7 against greedy's), the parse-problem
    rate, κ (crop calls per episode) overall and at K = 64, accuracy.
@@ -75,6 +76,21 @@ def stage_cold(a) -> None:
         sft(a, "sft_tiny.yaml", str(a.out / "base" / "checkpoint"), a.data / "paradox_train" / "sft.parquet", out, n,
             "-o", "lr_schedule=constant", "-o", f"lr={a.cold_lr}", "-o", "warmup_steps=0")
         shutil.copytree(out / "checkpoint", keep, ignore=shutil.ignore_patterns("dcp", "*.pt", "checkpoint_complete"))
+
+
+def stage_contrast(a) -> None:
+    """The paper's cross-model contrast in miniature: the same cold start (steps, lr, rows) from the
+    captions checkpoint, a model that never learned the prior's tool habit; measured as `noprior_<steps>`."""
+    import shutil
+
+    n = max(a.cold_steps)
+    keep = a.out / f"noprior_{n}"
+    if (keep / "config.json").exists():
+        return
+    out = a.out / "noprior"
+    sft(a, "sft_tiny.yaml", str(a.out / "captions" / "checkpoint"), a.data / "paradox_train" / "sft.parquet", out, n,
+        "-o", "lr_schedule=constant", "-o", f"lr={a.cold_lr}", "-o", "warmup_steps=0")
+    shutil.copytree(out / "checkpoint", keep, ignore=shutil.ignore_patterns("dcp", "*.pt", "checkpoint_complete"))
 
 
 ASSETS = Path(__file__).resolve().parents[1] / "src/paravt/assets"
@@ -192,7 +208,7 @@ def write_doc(a, results: dict[str, dict]) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--stage", choices=["all", "data", "base", "cold", "measure", "ship"], default="all")
+    p.add_argument("--stage", choices=["all", "data", "base", "cold", "contrast", "measure", "ship"], default="all")
     p.add_argument("--data", type=Path, default=Path("data"))
     p.add_argument("--out", type=Path, default=Path("runs/paradox_testbed"))
     p.add_argument("--n-train", type=int, default=2000)
@@ -215,7 +231,8 @@ def main() -> None:
     stages = ["data", "base", "cold", "measure"] if a.stage == "all" else [a.stage]
     for s in stages:
         if s != "measure":
-            {"data": stage_data, "base": stage_base, "cold": stage_cold, "ship": stage_ship}[s](a)
+            {"data": stage_data, "base": stage_base, "cold": stage_cold, "contrast": stage_contrast,
+             "ship": stage_ship}[s](a)
     if "measure" in stages:
         names = a.models.split(",") if a.models else ["base"] + [f"cold_{n}" for n in a.cold_steps]
         if a.sft:
