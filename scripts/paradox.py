@@ -201,23 +201,19 @@ def seed_mean(cells: list[dict[str, float]]) -> dict[str, float]:
 
 
 def advantage_gap(a, rid: str) -> dict[int, list[float | None]]:
-    """Per K and per tenth of the run: mean group advantage of the rollouts that called the tool minus
-    that of those that skipped it (the paper's mechanism: at large K the gap goes to zero, then below)."""
-    from paravt.rewards import RewardConfig
-    from paravt.train.grpo.estimator import group_advantages, shape_rewards
-
+    """Per K and per tenth of the run: mean group advantage (the trainer's own, as logged with each
+    rollout) of the rollouts that called the tool minus that of those that skipped it, within the same
+    group (the paper's mechanism: at large K the gap goes to zero, then below)."""
     rolls = read_jsonl(a.out / "rl" / rid / "rollouts.jsonl")
     groups: dict[tuple[int, int], list[dict]] = {}
     for r in rolls:
         groups.setdefault((r["step"], r["group"]), []).append(r)
     steps = max((r["step"] for r in rolls), default=0)
-    cfg = RewardConfig()
     out: dict[int, list[list[float]]] = {}
     for (step, _), g in groups.items():
-        adv = group_advantages(shape_rewards([[r["reward"] for r in g]], cfg), batch_norm=False)[0]
         tenth = min(9, (step - 1) * 10 // max(steps, 1))
-        called = [x for x, r in zip(adv, g) if r["n_parsed_calls"] > 0]
-        skipped = [x for x, r in zip(adv, g) if r["n_parsed_calls"] == 0]
+        called = [r["advantage"] for r in g if r["n_parsed_calls"] > 0]
+        skipped = [r["advantage"] for r in g if r["n_parsed_calls"] == 0]
         if called and skipped:
             out.setdefault(g[0]["k"], [[] for _ in range(10)])[tenth].append(mean(called) - mean(skipped))
     return {k: [mean(c) for c in cells] for k, cells in sorted(out.items())}
