@@ -77,9 +77,13 @@ def run(cmd: list[str], log: Path, extra_env: dict[str, str] | None = None) -> i
     return rc
 
 
+FIRST = ("vanilla", "para", "no_tool")  # the runs the others are read against, and the test of R_tool's role
+
+
 def train_jobs(a) -> list[tuple[list[str], Path, dict]]:
     jobs = []
-    for rid, name, seed in run_ids(a):
+    order = sorted(run_ids(a), key=lambda r: (r[2], r[1] not in FIRST))  # stable within each class
+    for rid, name, seed in order:
         out = a.out / "rl" / rid
         cmd = [*a.paravt, "train", "grpo", "--config", str(a.config), "-o", f"model={a.cold}",
                "-o", f"data={a.train}/rl.parquet", "-o", f"out={out}", "-o", f"steps={a.steps}", "-o", "threads=1",
