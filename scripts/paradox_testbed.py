@@ -64,33 +64,30 @@ def stage_base(a) -> None:
     sft(a, "sft_tiny.yaml", str(caps / "checkpoint"), train / "prior.parquet", base, a.base_steps)
 
 
-def stage_cold(a) -> None:
-    """The cold start in increments at a constant lr, each increment's checkpoint kept as cold_<steps>."""
+def cold_start(a, start: Path, run: str, steps: list[int]) -> None:
+    """SFT of `start` on paravt's rows in increments at a constant lr (cumulative: OUT/<run> resumes), each
+    increment's checkpoint kept as OUT/<run>_<steps>; the cold start and its contrast share it, so they
+    differ in their start and nothing else."""
     import shutil
 
-    out = a.out / "cold"
-    for n in a.cold_steps:
-        keep = a.out / f"cold_{n}"
+    out = a.out / run
+    for n in steps:
+        keep = a.out / f"{run}_{n}"
         if (keep / "config.json").exists():
             continue
-        sft(a, "sft_tiny.yaml", str(a.out / "base" / "checkpoint"), a.data / "paradox_train" / "sft.parquet", out, n,
+        sft(a, "sft_tiny.yaml", str(start), a.data / "paradox_train" / "sft.parquet", out, n,
             "-o", "lr_schedule=constant", "-o", f"lr={a.cold_lr}", "-o", "warmup_steps=0")
         shutil.copytree(out / "checkpoint", keep, ignore=shutil.ignore_patterns("dcp", "*.pt", "checkpoint_complete"))
 
 
-def stage_contrast(a) -> None:
-    """The paper's cross-model contrast in miniature: the same cold start (steps, lr, rows) from the
-    captions checkpoint, a model that never learned the prior's tool habit; measured as `noprior_<steps>`."""
-    import shutil
+def stage_cold(a) -> None:
+    cold_start(a, a.out / "base" / "checkpoint", "cold", a.cold_steps)
 
-    n = max(a.cold_steps)
-    keep = a.out / f"noprior_{n}"
-    if (keep / "config.json").exists():
-        return
-    out = a.out / "noprior"
-    sft(a, "sft_tiny.yaml", str(a.out / "captions" / "checkpoint"), a.data / "paradox_train" / "sft.parquet", out, n,
-        "-o", "lr_schedule=constant", "-o", f"lr={a.cold_lr}", "-o", "warmup_steps=0")
-    shutil.copytree(out / "checkpoint", keep, ignore=shutil.ignore_patterns("dcp", "*.pt", "checkpoint_complete"))
+
+def stage_contrast(a) -> None:
+    """The paper's cross-model contrast in miniature: the same cold start from the captions checkpoint, a
+    model that never learned the prior's tool habit; measured as `noprior_<steps>`."""
+    cold_start(a, a.out / "captions" / "checkpoint", "noprior", [max(a.cold_steps)])
 
 
 ASSETS = Path(__file__).resolve().parents[1] / "src/paravt/assets"
@@ -153,39 +150,39 @@ def measure(a, name: str) -> dict:
     return result
 
 
+def common_cells(r: dict, suffix: str = "") -> str:
+    """fτ, greedy format, parse problems, κ and κ at K = 64 of one model's cells (`_np`: without the prefix)."""
+    t07, greedy = [r[f"t07_k{k}{suffix}"] for k in KS], [r[f"greedy_k{k}{suffix}"] for k in KS]
+    mean = lambda cells, key: sum(c[key] for c in cells) / len(cells)  # noqa: E731
+    return (f"{mean(t07, 'format'):.2f} | {mean(greedy, 'format'):.2f} | "
+            f"{mean(t07, 'parse_problems'):.2f} / {mean(greedy, 'parse_problems'):.2f} | {mean(t07, 'kappa'):.2f} | "
+            f"{r[f't07_k64{suffix}']['kappa']:.2f}")
+
+
+def acc_cells(r: dict, suffix: str = "") -> str:
+    return " | ".join(f"{100 * r[f'greedy_k{k}{suffix}']['accuracy']:.1f}" for k in KS)
+
+
+COMMON = "fτ (τ = 0.7) | format, greedy | parse problems τ = 0.7 / greedy | κ (τ = 0.7, K mix) | κ K=64 (τ = 0.7)"
+
+
 def table_np(results: dict[str, dict]) -> str:
     """Without the think prefix (the vanilla baseline's rollouts)."""
-    head = ("| model | fτ (τ = 0.7) | format, greedy | parse problems τ = 0.7 / greedy | κ (τ = 0.7, K mix) | "
-            "κ K=64 (τ = 0.7) | " + " | ".join(f"acc K={k}" for k in KS) + " |")
+    head = f"| model | {COMMON} | " + " | ".join(f"acc K={k}" for k in KS) + " |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for name, r in results.items():
-        if "t07_k64_np" not in r:
-            continue
-        t07, greedy = [r[f"t07_k{k}_np"] for k in KS], [r[f"greedy_k{k}_np"] for k in KS]
-        mean = lambda cells, key: sum(c[key] for c in cells) / len(cells)  # noqa: E731
-        lines.append(
-            f"| {name} | {mean(t07, 'format'):.2f} | {mean(greedy, 'format'):.2f} | "
-            f"{mean(t07, 'parse_problems'):.2f} / {mean(greedy, 'parse_problems'):.2f} | {mean(t07, 'kappa'):.2f} | "
-            f"{r['t07_k64_np']['kappa']:.2f} | " + " | ".join(f"{100 * c['accuracy']:.1f}" for c in greedy) + " |")
+    lines += [f"| {name} | {common_cells(r, '_np')} | {acc_cells(r, '_np')} |"
+              for name, r in results.items() if "t07_k64_np" in r]
     return "\n".join(lines)
 
 
 def table(results: dict[str, dict]) -> str:
-    head = ("| model | questions | fτ (τ = 0.7) | format, greedy | parse problems τ = 0.7 / greedy | "
-            "κ (τ = 0.7, K mix) | κ K=64 (τ = 0.7) | acc K=64, tools | acc K=64, none | "
+    head = (f"| model | questions | {COMMON} | acc K=64, tools | acc K=64, none | "
             + " | ".join(f"acc K={k}" for k in KS) + " |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for name, r in results.items():
-        t07 = [r[f"t07_k{k}"] for k in KS]
-        greedy = [r[f"greedy_k{k}"] for k in KS]
-        mean = lambda cells, key: sum(c[key] for c in cells) / len(cells)  # noqa: E731
         n = min(c["n"] for key, c in r.items() if not key.endswith("_np"))
-        lines.append(
-            f"| {name} | {n} | {mean(t07, 'format'):.2f} | {mean(greedy, 'format'):.2f} | "
-            f"{mean(t07, 'parse_problems'):.2f} / {mean(greedy, 'parse_problems'):.2f} | {mean(t07, 'kappa'):.2f} | "
-            f"{r['t07_k64']['kappa']:.2f} | {100 * r['greedy_k64']['accuracy']:.1f} | "
-            f"{100 * r['none_k64']['accuracy']:.1f} | "
-            + " | ".join(f"{100 * c['accuracy']:.1f}" for c in greedy) + " |")
+        lines.append(f"| {name} | {n} | {common_cells(r)} | {100 * r['greedy_k64']['accuracy']:.1f} | "
+                     f"{100 * r['none_k64']['accuracy']:.1f} | {acc_cells(r)} |")
     return "\n".join(lines)
 
 
