@@ -51,15 +51,14 @@ START, END = "<!-- table 2: scripts/paradox.py --stage doc -->", "<!-- end of ta
 
 
 def run_ids(a) -> list[tuple[str, str, int]]:
-    """(run id, family, seed) of the selected runs, every family's first seed before any second one (so a
-    campaign cut short has one run of each: vanilla and PARA-GRPO first)."""
+    """(run id, family, seed) of the selected runs, in RUNS's order (the tables' and figures')."""
     out = []
     for name, (_, _, seeds) in RUNS.items():
         for seed in seeds:
             rid = f"{name}_s{seed}"
             if not a.runs or rid in a.runs or name in a.runs:
                 out.append((rid, name, seed))
-    return sorted(out, key=lambda r: r[2])  # stable: the families keep RUNS's order within a seed
+    return out
 
 
 CPU = {"CUDA_VISIBLE_DEVICES": ""}  # the campaign's figures are CPU fp32 ones, wherever it runs
@@ -81,6 +80,8 @@ FIRST = ("vanilla", "para", "no_tool")  # the runs the others are read against, 
 
 
 def train_jobs(a) -> list[tuple[list[str], Path, dict]]:
+    """Every family's first seed before any second one (a campaign cut short has one run of each), FIRST's
+    families first within a seed."""
     jobs = []
     order = sorted(run_ids(a), key=lambda r: (r[2], r[1] not in FIRST))  # stable within each class
     for rid, name, seed in order:
@@ -106,9 +107,10 @@ def models(a) -> dict[str, str]:
 
 def think_prefix(model: str) -> bool:
     """Each model is evaluated under the prompt it was trained with: the base (its own habit breaks under
-    the forced prefix) and the vanilla runs (rollouts without it, as the release's) begin their turns
-    themselves; the cold start and every other run get paravt's `<think>` prefix."""
-    return model != "base" and not model.startswith("vanilla")
+    the forced prefix) and the runs whose rollouts went without it (vanilla, as the release's) begin their
+    turns themselves; the cold start and every other run get paravt's `<think>` prefix."""
+    overrides = RUNS.get(model.rsplit("_s", 1)[0], ("", [], ()))[1]
+    return model != "base" and "episode.think_prefix=false" not in overrides
 
 
 def eval_dir(a, model: str, mode: str, k: int) -> Path:
