@@ -30,7 +30,6 @@ import math
 import os
 import random
 import shlex
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -65,12 +64,16 @@ CPU = {"CUDA_VISIBLE_DEVICES": ""}  # the campaign's figures are CPU fp32 ones, 
 
 
 def run(cmd: list[str], log: Path, extra_env: dict[str, str] | None = None) -> int:
-    """One command at one torch thread, its output appended to `log` (scripts/paradox_synthvt.py uses it too)."""
+    """One command at one torch thread, its output appended to `log` (scripts/paradox_synthvt.py uses it too).
+    It runs under paravt's process guard, so it stops (SIGTERM: the trainer keeps its checkpoint) when this
+    script goes, even by SIGKILL, instead of training on as an orphan."""
+    from paravt.procs import start_guarded
+
     print("$", shlex.join(cmd), flush=True)
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **(extra_env or {})}
     with open(log, "a") as f:
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+        rc = start_guarded(cmd, log=f, env=env).wait()
     if rc:
         print(f"  failed ({rc}); see {log}", flush=True)
     return rc
