@@ -17,6 +17,7 @@ shows what the prompt settings alone do (docs/paradox.md).
     python scripts/paradox.py --stage train --jobs 2        # the RL runs, two at a time
     python scripts/paradox.py --stage eval                  # held-out accuracy of each model
     python scripts/paradox.py --stage doc                   # tables, curves, claims -> docs/paradox.md
+    python scripts/paradox.py --stage status                # where each run and eval cell stands
 
 Each stage is a `paravt` command per cell (printed before it runs, so any cell can be rerun by
 hand); all of them resume, so rerunning continues where a run stopped.
@@ -31,6 +32,7 @@ import os
 import random
 import shlex
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -98,12 +100,20 @@ def train_jobs(a) -> list[tuple[list[str], Path, dict]]:
     return jobs
 
 
+def last_step(a, rid: str) -> int:
+    log = a.out / "rl" / rid / "log.jsonl"
+    lines = log.read_text().splitlines() if log.exists() else []
+    return json.loads(lines[-1])["step"] if lines else 0
+
+
 def models(a) -> dict[str, str]:
-    """The evaluated models: the base, the cold start and each finished run's last checkpoint."""
+    """The evaluated models: the base, the cold start and each finished run's last checkpoint (a run still
+    training has a `checkpoint` too, its latest: evaluating it would leave that step's scores in a cell that
+    resumes, never redone once the run finishes)."""
     out = {"base": str(a.base), "cold": str(a.cold)}
     for rid, _, _ in run_ids(a):
         ckpt = a.out / "rl" / rid / "checkpoint"
-        if (ckpt / "config.json").exists():
+        if (ckpt / "config.json").exists() and last_step(a, rid) >= a.steps:
             out[rid] = str(ckpt)
     return out
 
@@ -226,6 +236,41 @@ def advantage_gap(a, rid: str) -> dict[int, list[float | None]]:
         if called and skipped:
             out.setdefault(g[0]["k"], [[] for _ in range(10)])[tenth].append(mean(called) - mean(skipped))
     return {k: [mean(c) for c in cells] for k, cells in sorted(out.items())}
+
+
+def status(a) -> list[list[str]]:
+    """Per run: its step, its pace and time left over the last ten steps, fτ and κ over them, when it last
+    logged a step and its last checkpoint; then the eval cells done. A campaign's state at a glance."""
+    rows = []
+    for rid, _, _ in run_ids(a):
+        d = a.out / "rl" / rid
+        log = [r for r in read_jsonl(d / "log.jsonl") if "f_tau" in r]
+        if not log:
+            rows.append([rid, "–", "", "", "", "", "", ""])
+            continue
+        recent, step = log[-10:], log[-1]["step"]
+        pace = mean(r.get("step_time_s") for r in recent)
+        left = "done" if step >= a.steps else f"{(a.steps - step) * pace / 3600:.1f} h" if pace else "–"
+        age = (time.time() - (d / "log.jsonl").stat().st_mtime) / 60
+        ckpts = sorted(p.name.removeprefix("step_").lstrip("0") for p in d.glob("step_*"))
+        rows.append([rid, f"{step}/{a.steps}", f"{pace:.0f} s" if pace else "–", left,
+                     f"{mean(r['f_tau'] for r in recent):.2f}", f"{mean(r['kappa'] for r in recent):.2f}",
+                     f"{age:.0f} min" if age < 600 else f"{age / 60:.0f} h", max(ckpts, key=int) if ckpts else "–"])
+    jobs = eval_jobs(a)
+    done = sum(len(read_jsonl(Path(cmd[cmd.index("--out") + 1]) / "results.jsonl")) >= a.limit for cmd, _, _ in jobs)
+    rows.append(["eval cells", f"{done}/{len(jobs)}", "", "", "", "", "", ""])
+    return rows
+
+
+def print_status(a) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table("run", "step", "s/step", "left", "fτ", "κ", "logged", "ckpt",
+              title=f"{a.out}: fτ, κ, pace over the last 10 steps")
+    for row in status(a):
+        t.add_row(*row)
+    Console(width=max(100, Console().width)).print(t)
 
 
 # ---- the doc
@@ -433,10 +478,12 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=320)
     p.add_argument("--jobs", type=int, default=2, help="commands at once (one torch thread each)")
     p.add_argument("--smooth", type=int, default=10)
-    p.add_argument("--stage", choices=["all", "train", "eval", "doc"], default="all")
+    p.add_argument("--stage", choices=["all", "train", "eval", "doc", "status"], default="all")
     a = p.parse_args()
     script = Path(sys.executable).parent / "paravt"
     a.paravt = [str(script)] if script.exists() else [sys.executable, "-m", "paravt"]
+    if a.stage == "status":
+        return print_status(a)
     failed = 0
     with ThreadPoolExecutor(a.jobs) as pool:
         if a.stage in ("all", "train"):

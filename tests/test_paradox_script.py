@@ -1,0 +1,96 @@
+"""scripts/paradox.py reads the campaign's logs into Table 2's claims: a wrong read would print
+"reproduced" on runs that show the opposite, so its arithmetic is checked on logs whose answer is known."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def paradox():
+    spec = importlib.util.spec_from_file_location("paradox_script", ROOT / "scripts" / "paradox.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def args(tmp_path: Path, **kw) -> Namespace:
+    base = dict(out=tmp_path, steps=10, runs=[], ks=[4, 16, 64], k_choices=[4, 8, 16, 32, 64], limit=2,
+                paravt=["paravt"], test=tmp_path / "test", base=tmp_path / "base", cold=tmp_path / "cold",
+                max_new_tokens=320, set=[], config=tmp_path / "grpo.yaml")
+    return Namespace(**{**base, **kw})
+
+
+def write_run(a: Namespace, rid: str, kappa: tuple[float, float], f_tau: tuple[float, float], steps: int = 10,
+              checkpoint: bool = True) -> Path:
+    """A run whose κ and fτ go linearly from first to last; every rollout at K = 64 calls round(κ) times."""
+    d = a.out / "rl" / rid
+    d.mkdir(parents=True)
+    logs, rolls = [], []
+    for s in range(1, steps + 1):
+        t = (s - 1) / max(steps - 1, 1)
+        k, f = kappa[0] + t * (kappa[1] - kappa[0]), f_tau[0] + t * (f_tau[1] - f_tau[0])
+        logs.append({"step": s, "kappa": k, "f_tau": f, "step_time_s": 20.0})
+        rolls += [{"step": s, "group": 0, "k": 64, "n_parsed_calls": round(k), "advantage": 0.0}]
+    (d / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in logs))
+    (d / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rolls))
+    if checkpoint:
+        (d / "checkpoint").mkdir()
+        (d / "checkpoint" / "config.json").write_text("{}")
+    return d
+
+
+def test_only_finished_runs_are_evaluated(paradox, tmp_path):
+    a = args(tmp_path)
+    write_run(a, "para_s1", (4, 4), (0.8, 0.9))
+    write_run(a, "vanilla_s1", (4, 4), (0.2, 0.3), steps=6)  # training: its checkpoint is step 6's
+    assert set(paradox.models(a)) == {"base", "cold", "para_s1"}
+    rows = {r[0]: r for r in paradox.status(a)}
+    assert rows["para_s1"][1:4] == ["10/10", "20 s", "done"]
+    assert rows["vanilla_s1"][1] == "6/10" and rows["vanilla_s1"][3] == f"{4 * 20 / 3600:.1f} h"
+    assert rows["no_tool_s1"][1] == "–"
+    assert rows["eval cells"][1] == f"0/{3 * 3 + 3 * 3}"  # 3 models × 3 K, block C 3 modes × 3 K
+
+
+def test_claims_follow_the_logs(paradox, tmp_path):
+    a = args(tmp_path)
+    write_run(a, "vanilla_s1", (3.0, 0.1), (0.2, 0.2))  # collapse, no format repair: the paper's vanilla
+    write_run(a, "para_s1", (3.0, 3.0), (0.3, 0.9))
+    write_run(a, "gating_only_s1", (3.0, 2.5), (0.3, 0.4))
+    write_run(a, "no_tool_s1", (3.0, 1.0), (0.3, 0.9))
+    summaries = {rid: paradox.run_summary(a, rid) for rid in ("vanilla_s1", "para_s1", "gating_only_s1", "no_tool_s1")}
+    assert summaries["vanilla_s1"]["k_first"] == pytest.approx(3.0) and summaries["vanilla_s1"]["k_max_last"] == 0
+    lines = {line.split(":")[0]: line for line in paradox.claims(a, summaries)}
+    assert "reproduced" in lines["- vanilla GRPO loses the tools"]
+    assert "reproduced" in lines["- PARA-GRPO repairs the format"] and "not" not in lines["- PARA-GRPO repairs the format"]
+    assert "reproduced (" in lines["- gating only keeps the tools"]
+    assert "reproduced (" in lines["- PARA-GRPO − R_tool"]
+    assert "not measured yet" in lines["- anchoring only repairs the format"]
+
+    b = args(tmp_path / "b")
+    write_run(b, "vanilla_s1", (3.0, 4.0), (0.2, 0.2))  # the campaign's vanilla so far: no collapse
+    lines = paradox.claims(b, {"vanilla_s1": paradox.run_summary(b, "vanilla_s1")})
+    assert "**not reproduced** (κ 3.00 → 4.00)" in lines[0]
+
+
+def test_advantage_gap_is_called_minus_skipped_within_a_group(paradox, tmp_path):
+    a = args(tmp_path)
+    d = a.out / "rl" / "para_s1"
+    d.mkdir(parents=True)
+    rolls = []
+    for step in range(1, 11):
+        # K = 64: callers +1, skippers -1 (gap 2); K = 4: everyone calls (no gap to measure)
+        rolls += [{"step": step, "group": 0, "k": 64, "n_parsed_calls": 2, "advantage": 1.0},
+                  {"step": step, "group": 0, "k": 64, "n_parsed_calls": 0, "advantage": -1.0},
+                  {"step": step, "group": 1, "k": 4, "n_parsed_calls": 3, "advantage": 0.5},
+                  {"step": step, "group": 1, "k": 4, "n_parsed_calls": 1, "advantage": -0.5}]
+    (d / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rolls))
+    gap = paradox.advantage_gap(a, "para_s1")
+    assert list(gap) == [64] and gap[64] == [2.0] * 10
