@@ -323,23 +323,29 @@ def claims(a, summaries: dict) -> list[str]:
     def r2(x: float | None) -> str:
         return "–" if x is None else f"{x:.2f}"
 
+    def pct(x: float | None) -> str:
+        return "–" if x is None else f"{100 * x:.0f} %"
+
     k0, k1, f0, f1 = (g("vanilla", k) for k in ("k_first", "k_last", "f_first", "f_last"))
     claim("vanilla GRPO loses the tools: κ last ≤ 0.1 × κ first (> 0)",
           k0 > 0 and k1 <= 0.1 * k0 if have(k0, k1) else None,
           f"κ {r2(k0)} → {r2(k1)}")
-    claim("vanilla GRPO does not repair the format: fτ last ≤ fτ first + 0.05",
-          f1 <= f0 + 0.05 if have(f0, f1) else None,
-          f"fτ {r2(f0)} → {r2(f1)}")
-    gain_v = f1 - f0 if have(f0, f1) else None
+    # The format claims compare the share of the gap to fτ = 1 that RL closes, (last − first) / (1 − first):
+    # the runs start from different prompts (vanilla without the think prefix at fτ ≈ 0.2, the others
+    # with it at ≈ 0.8), so neither levels nor absolute gains compare (a run starting at 0.8 can gain 0.2).
+    closed = lambda f0, f1: (f1 - f0) / (1 - f0) if have(f0, f1) and f0 < 1 else None  # noqa: E731
+    cv = closed(f0, f1)
+    claim("vanilla GRPO does not repair the format: closes < ¼ of its gap to fτ = 1",
+          cv < 0.25 if cv is not None else None, f"fτ {r2(f0)} → {r2(f1)}: {pct(cv)} of the gap")
     for name in ("anchoring_only", "para"):
         a0, a1 = g(name, "f_first"), g(name, "f_last")
-        gain = a1 - a0 if have(a0, a1) else None
-        ok = (gain >= gain_v + 0.1 and a1 >= f1) if have(gain, gain_v) else None
-        claim(f"{RUNS[name][0]} repairs the format: fτ gain ≥ vanilla's + 0.1 and fτ last ≥ vanilla's", ok,
-              f"gain {r2(gain)} vs {r2(gain_v)}; last {r2(a1)} vs {r2(f1)}")
+        c = closed(a0, a1)
+        claim(f"{RUNS[name][0]} repairs the format: closes ≥ ½ of its gap to fτ = 1, and more of it than vanilla",
+              c >= 0.5 and c > cv if have(c, cv) else None,
+              f"fτ {r2(a0)} → {r2(a1)}: {pct(c)} of the gap; vanilla {pct(cv)}")
     for name in ("gating_only", "para"):
         x = g(name, "k_last")
-        claim(f"{RUNS[name][0]} keeps the tools: κ last ≥ 3 × vanilla's (and > 0)",
+        claim(f"{RUNS[name][0]} keeps more of the tools than vanilla: κ last ≥ 3 × vanilla's (and > 0)",
               x > 0 and x >= 3 * k1 if have(x, k1) else None,
               f"{r2(x)} vs {r2(k1)}")
     go, pa = g("gating_only", "f_last"), g("para", "f_last")
@@ -446,7 +452,9 @@ def write_doc(a) -> str:
             "fτ, κ: means over the first and the last tenth of the steps (τ = 0.7 rollouts).", "", *table, "",
             "Block C, the first PARA-GRPO seed's checkpoint by dispatch mode:", "", *block_c(a), "",
             "![curves](paradox_curves.png)", "", "![advantage gap](paradox_advantage.png)", "",
-            "What reproduced:", "", *claims(a, summaries), END]
+            f"What reproduced (finished runs only, seed means where a family has two; claims on a run still "
+            "training read \"not measured yet\"):", "",
+            *claims(a, {rid: s for rid, s in summaries.items() if s["steps"] >= a.steps}), END]
     text = "\n".join(body)
     path = a.docs / "paradox.md"
     doc = path.read_text() if path.exists() else ""
