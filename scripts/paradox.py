@@ -304,6 +304,32 @@ def block_c(a) -> list[str]:
     return lines
 
 
+def call_vs_skip(a) -> list[str]:
+    """At the largest K, over the last third of each run's steps: the rollouts that called against those that
+    skipped, by accuracy, format reward, total reward and share with a parse problem. What decides whether
+    GRPO keeps the tools is what a skip earns against a call, not the accuracy alone: R_fmt itself pays 0.3 for
+    a think before a parseable call, so a call out-earns an equally right, well-formed skip by 0.2 (0.3 with
+    the answer suffix off) without any R_tool."""
+    kmax = max(a.k_choices)
+    lines = ["| run | rollouts | skip | acc call / skip | R_fmt call / skip | R call / skip | "
+             "parse problem call / skip |", "|---|---|---|---|---|---|---|"]
+    for rid, name, seed in run_ids(a):
+        rolls = read_jsonl(a.out / "rl" / rid / "rollouts.jsonl")
+        if not rolls:
+            continue
+        steps = max(r["step"] for r in rolls)
+        sel = [r for r in rolls if r["k"] == kmax and 3 * (r["step"] - 1) // steps == 2]
+        if not sel:
+            continue
+        call = [r for r in sel if r["n_parsed_calls"] > 0]
+        skip = [r for r in sel if r["n_parsed_calls"] == 0]
+        pair = lambda f: " / ".join("–" if not g else f"{mean(f(r) for r in g):.2f}" for g in (call, skip))  # noqa: E731
+        lines.append(f"| {RUNS[name][0]} {seed} | {len(sel)} | {len(skip) / max(len(sel), 1):.2f} | "
+                     f"{pair(lambda r: r['accuracy'])} | {pair(lambda r: r['format'])} | {pair(lambda r: r['reward'])} | "
+                     f"{pair(lambda r: float(r['problem_turns'] > 0))} |")
+    return lines
+
+
 def family(summaries: dict, name: str, key: str) -> float | None:
     return mean(s[key] for rid, s in summaries.items() if rid.rsplit("_s", 1)[0] == name)
 
@@ -451,6 +477,8 @@ def write_doc(a) -> str:
             "interval; the base and the vanilla runs are evaluated without the think prefix, as they were trained. "
             "fτ, κ: means over the first and the last tenth of the steps (τ = 0.7 rollouts).", "", *table, "",
             "Block C, the first PARA-GRPO seed's checkpoint by dispatch mode:", "", *block_c(a), "",
+            f"In training at K = {max(a.k_choices)}, over the last third of each run's steps (τ = 0.7): the rollouts "
+            "that call against those that skip (R: the episode's reward before shaping).", "", *call_vs_skip(a), "",
             "![curves](paradox_curves.png)", "", "![advantage gap](paradox_advantage.png)", "",
             f"What reproduced (finished runs only, seed means where a family has two; claims on a run still "
             "training read \"not measured yet\"):", "",

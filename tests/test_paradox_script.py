@@ -38,7 +38,8 @@ def write_run(a: Namespace, rid: str, kappa: tuple[float, float], f_tau: tuple[f
         t = (s - 1) / max(steps - 1, 1)
         k, f = kappa[0] + t * (kappa[1] - kappa[0]), f_tau[0] + t * (f_tau[1] - f_tau[0])
         logs.append({"step": s, "kappa": k, "f_tau": f, "step_time_s": 20.0})
-        rolls += [{"step": s, "group": 0, "k": 64, "n_parsed_calls": round(k), "advantage": 0.0}]
+        rolls += [{"step": s, "group": 0, "k": 64, "n_parsed_calls": round(k), "advantage": 0.0, "accuracy": 0.5,
+                   "format": f, "reward": 0.5 + f, "problem_turns": 0}]
     (d / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in logs))
     (d / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rolls))
     if checkpoint:
@@ -90,17 +91,23 @@ def test_claims_follow_the_logs(paradox, tmp_path):
     assert "PARA-GRPO repairs the format" in lines[3] and ": reproduced (fτ 0.80 → 0.95: 75 % of the gap" in lines[3]
 
 
-def test_advantage_gap_is_called_minus_skipped_within_a_group(paradox, tmp_path):
+def test_advantage_gap_and_call_vs_skip_read_the_same_groups(paradox, tmp_path):
     a = args(tmp_path)
     d = a.out / "rl" / "para_s1"
     d.mkdir(parents=True)
     rolls = []
-    for step in range(1, 11):
+    for step in range(1, 13):
         # K = 64: callers +1, skippers -1 (gap 2); K = 4: everyone calls (no gap to measure)
-        rolls += [{"step": step, "group": 0, "k": 64, "n_parsed_calls": 2, "advantage": 1.0},
-                  {"step": step, "group": 0, "k": 64, "n_parsed_calls": 0, "advantage": -1.0},
-                  {"step": step, "group": 1, "k": 4, "n_parsed_calls": 3, "advantage": 0.5},
-                  {"step": step, "group": 1, "k": 4, "n_parsed_calls": 1, "advantage": -0.5}]
+        rolls += [{"step": step, "group": 0, "k": 64, "n_parsed_calls": 2, "advantage": 1.0, "accuracy": 1.0,
+                   "format": 1.0, "reward": 2.8, "problem_turns": 0},
+                  {"step": step, "group": 0, "k": 64, "n_parsed_calls": 0, "advantage": -1.0, "accuracy": 1.0,
+                   "format": 0.8, "reward": 1.8, "problem_turns": 1},
+                  {"step": step, "group": 1, "k": 4, "n_parsed_calls": 3, "advantage": 0.5, "accuracy": 0.0,
+                   "format": 1.0, "reward": 1.1, "problem_turns": 0},
+                  {"step": step, "group": 1, "k": 4, "n_parsed_calls": 1, "advantage": -0.5, "accuracy": 0.0,
+                   "format": 1.0, "reward": 1.0, "problem_turns": 0}]
     (d / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rolls))
     gap = paradox.advantage_gap(a, "para_s1")
     assert list(gap) == [64] and gap[64] == [2.0] * 10
+    rows = paradox.call_vs_skip(a)  # K = 64 only, steps 9-12 (the last third)
+    assert rows[2:] == ["| PARA-GRPO 1 | 8 | 0.50 | 1.00 / 1.00 | 1.00 / 0.80 | 2.80 / 1.80 | 0.00 / 1.00 |"]
