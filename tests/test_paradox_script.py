@@ -77,7 +77,7 @@ def test_claims_follow_the_logs(paradox, tmp_path):
     assert ": reproduced (κ 3.00 → 0.10)" in lines["- vanilla GRPO loses the tools"]
     assert ": reproduced (" in lines["- PARA-GRPO repairs the format"]
     assert ": reproduced (2.50 vs 0.10)" in lines["- gating only keeps more of the tools than vanilla"]
-    assert ": reproduced (1.00 vs 3.00)" in lines["- PARA-GRPO − R_tool"]
+    assert ": reproduced (1.00 vs 3.00)" in lines["- PARA-GRPO − R_tool loses the tools"]
     assert "not measured yet" in lines["- anchoring only repairs the format"]
 
     assert "(fτ 0.30 → 0.90: 86 % of the gap; vanilla 0 %)" in lines["- PARA-GRPO repairs the format"]
@@ -89,6 +89,9 @@ def test_claims_follow_the_logs(paradox, tmp_path):
     assert "**not reproduced** (κ 3.00 → 4.00)" in lines[0]
     assert lines[1].endswith("reproduced (fτ 0.20 → 0.30: 12 % of the gap)")
     assert "PARA-GRPO repairs the format" in lines[3] and ": reproduced (fτ 0.80 → 0.95: 75 % of the gap" in lines[3]
+    write_run(b, "no_tool_s1", (3.0, 2.9), (0.8, 0.95))  # a little below PARA-GRPO's κ is not a loss of the tools
+    lines = paradox.claims(b, {rid: paradox.run_summary(b, rid) for rid in ("vanilla_s1", "para_s1", "no_tool_s1")})
+    assert [x for x in lines if "R_tool" in x][0].endswith("**not reproduced** (2.90 vs 3.00)")
 
 
 def test_advantage_gap_and_call_vs_skip_read_the_same_groups(paradox, tmp_path):
