@@ -227,7 +227,7 @@ def advantage_gap(a, rid: str) -> dict[int, list[float | None]]:
     groups: dict[tuple[int, int], list[dict]] = {}
     for r in rolls:
         groups.setdefault((r["step"], r["group"]), []).append(r)
-    steps = max((r["step"] for r in rolls), default=0)
+    steps = a.steps  # tenths of the full run: one still training fills only its first ones
     out: dict[int, list[list[float]]] = {}
     for (step, _), g in groups.items():
         tenth = min(9, (step - 1) * 10 // max(steps, 1))
