@@ -101,9 +101,8 @@ def train_jobs(a) -> list[tuple[list[str], Path, dict]]:
 
 
 def last_step(a, rid: str) -> int:
-    log = a.out / "rl" / rid / "log.jsonl"
-    lines = log.read_text().splitlines() if log.exists() else []
-    return json.loads(lines[-1])["step"] if lines else 0
+    rows = read_jsonl(a.out / "rl" / rid / "log.jsonl")
+    return rows[-1]["step"] if rows else 0
 
 
 def models(a) -> dict[str, str]:
@@ -130,14 +129,20 @@ def eval_dir(a, model: str, mode: str, k: int) -> Path:
     return a.out / "eval" / f"{model}__{mode}__k{k}"
 
 
-def eval_jobs(a) -> list[tuple[list[str], Path, dict]]:
-    cells = [(name, "parallel", k) for k in a.ks for name in models(a)]
-    if "para_s1" in models(a):  # block C
+def eval_cells(a, ms: dict[str, str]) -> list[tuple[str, str, int]]:
+    """(model, dispatch mode, K) of every cell: each model in parallel, plus block C."""
+    cells = [(name, "parallel", k) for k in a.ks for name in ms]
+    if "para_s1" in ms:
         cells += [("para_s1", mode, k) for mode in MODES[1:] for k in a.ks]
+    return cells
+
+
+def eval_jobs(a) -> list[tuple[list[str], Path, dict]]:
+    ms = models(a)
     jobs = []
-    for name, mode, k in cells:
+    for name, mode, k in eval_cells(a, ms):
         out = eval_dir(a, name, mode, k)
-        cmd = [*a.paravt, "eval", "run", "--bench", "synthvt", "--data", str(a.test), "--model", models(a)[name],
+        cmd = [*a.paravt, "eval", "run", "--bench", "synthvt", "--data", str(a.test), "--model", ms[name],
                "--mode", mode, "--frames", str(k), "--out", str(out), "--limit", str(a.limit),
                "--concurrency", "8", "--max-new-tokens", str(a.max_new_tokens)]
         if not think_prefix(name):
@@ -252,13 +257,13 @@ def status(a) -> list[list[str]]:
         pace = mean(r.get("step_time_s") for r in recent)
         left = "done" if step >= a.steps else f"{(a.steps - step) * pace / 3600:.1f} h" if pace else "–"
         age = (time.time() - (d / "log.jsonl").stat().st_mtime) / 60
-        ckpts = sorted(p.name.removeprefix("step_").lstrip("0") for p in d.glob("step_*"))
+        ckpts = [p.name.removeprefix("step_").lstrip("0") for p in d.glob("step_*")]
         rows.append([rid, f"{step}/{a.steps}", f"{pace:.0f} s" if pace else "–", left,
                      f"{mean(r['f_tau'] for r in recent):.2f}", f"{mean(r['kappa'] for r in recent):.2f}",
                      f"{age:.0f} min" if age < 600 else f"{age / 60:.0f} h", max(ckpts, key=int) if ckpts else "–"])
-    jobs = eval_jobs(a)
-    done = sum(len(read_jsonl(Path(cmd[cmd.index("--out") + 1]) / "results.jsonl")) >= a.limit for cmd, _, _ in jobs)
-    rows.append(["eval cells", f"{done}/{len(jobs)}", "", "", "", "", "", ""])
+    cells = eval_cells(a, models(a))
+    done = sum(len(scores(a, *cell)) >= a.limit for cell in cells)
+    rows.append(["eval cells", f"{done}/{len(cells)}", "", "", "", "", "", ""])
     return rows
 
 
@@ -324,7 +329,7 @@ def call_vs_skip(a) -> list[str]:
         call = [r for r in sel if r["n_parsed_calls"] > 0]
         skip = [r for r in sel if r["n_parsed_calls"] == 0]
         pair = lambda f: " / ".join("–" if not g else f"{mean(f(r) for r in g):.2f}" for g in (call, skip))  # noqa: E731
-        lines.append(f"| {RUNS[name][0]} {seed} | {len(sel)} | {len(skip) / max(len(sel), 1):.2f} | "
+        lines.append(f"| {RUNS[name][0]} {seed} | {len(sel)} | {len(skip) / len(sel):.2f} | "
                      f"{pair(lambda r: r['accuracy'])} | {pair(lambda r: r['format'])} | {pair(lambda r: r['reward'])} | "
                      f"{pair(lambda r: float(r['problem_turns'] > 0))} |")
     return lines
