@@ -280,13 +280,16 @@ class ToolCallingHF(HFBackend):
             rd = self.renderer.render(req.messages, prefix=req.prefix)
             text = "I need a closer look.</think>\n" + P.format_tool_call(1, 5)
             ids = self.renderer.encode(text) + [self.renderer.im_end]
-            with torch.no_grad():
-                lp = sequence_logprobs(self.model, self.renderer, rd.ids, ids, rd.images,
-                                       temperature=req.temperature).tolist()
+            # off the event loop, so the free rollouts' requests are not held back behind this forward pass
+            lp = await asyncio.to_thread(self._forced_logprobs, rd, ids, req.temperature)
             return Completion(text=text, prompt_tokens=len(rd.ids), visual_tokens=rd.visual_tokens,
                               completion_tokens=len(ids), prompt_ids=rd.ids, token_ids=ids, logprobs=lp,
                               assistant_ids=rd.prefix_ids + ids)
         return (await super().generate([req]))[0]
+
+    def _forced_logprobs(self, rd, ids, temperature):
+        with torch.no_grad():
+            return sequence_logprobs(self.model, self.renderer, rd.ids, ids, rd.images, temperature=temperature).tolist()
 
 
 @pytest.fixture(scope="module")
@@ -326,7 +329,10 @@ def test_two_para_grpo_steps_then_resume(tiny_dir, rl_split, tmp_path):
                  "keep_checkpoints=1", "keep_best=reward"]
     cfg = GRPOConfig.load(None, overrides)
     backends = []
-    last = train_grpo(cfg, make_backend=lambda *a, **k: backends.append(ToolCallingHF(*a, **k)) or backends[-1])
+    # a worker that waits 100 ms for company, so a loaded machine (CI runs three test files at once on two
+    # cores) cannot space the group's first requests out past the batching window
+    make = lambda *a, **k: backends.append(ToolCallingHF(*a, batch_wait_ms=100, **k)) or backends[-1]  # noqa: E731
+    last = train_grpo(cfg, make_backend=make)
     assert max(backends[0].batch_sizes) >= 2  # the group's rollouts reached the model together
     assert last["step"] == 2 and np.isfinite(last["loss"]) and last["grad_norm"] > 0
     assert last["logprob_drift"] < 1e-3  # the trained ids/logprobs are the generated ones
