@@ -236,7 +236,8 @@ def test_tiny_model_served_in_process_with_batching(tiny_dir):
     from paravt.models import load_model
 
     model, processor = load_model(str(tiny_dir), device="cpu")
-    backend = HFBackend(model, processor, max_batch=8)
+    # 50 ms of waiting for company: four HTTP requests on a loaded machine arrive further apart than the default 5
+    backend = HFBackend(model, processor, max_batch=8, batch_wait_ms=50)
     with Server(create_app(backend, "tiny")) as s:
         client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
         r = client.chat.completions.create(
