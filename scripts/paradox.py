@@ -190,6 +190,13 @@ def scores(a, model: str, mode: str, k: int) -> dict[str, float]:
     return {i: 0.0 if r.get("error") else float(r.get("score") or 0.0) for i, r in latest.items()}
 
 
+def done_scores(a, model: str, mode: str, k: int) -> dict[str, float]:
+    """A cell's scores once all its questions are scored, else nothing: claims and paired gains never
+    read a cell that an eval stage is still filling."""
+    s = scores(a, model, mode, k)
+    return s if len(s) >= a.limit else {}
+
+
 def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
     if n == 0:
         return (0.0, 0.0)
@@ -199,9 +206,11 @@ def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
     return ((c - h) / d, (c + h) / d)
 
 
-def acc_cell(s: dict[str, float]) -> str:
+def acc_cell(s: dict[str, float], limit: int) -> str:
     if not s:
         return "–"
+    if len(s) < limit:  # still being evaluated: no figure that reads as final
+        return f"{len(s)}/{limit} scored"
     p = sum(s.values()) / len(s)
     lo, hi = wilson(p, len(s))
     return f"{100 * p:.1f} [{100 * lo:.0f}, {100 * hi:.0f}]"
@@ -262,7 +271,7 @@ def status(a) -> list[list[str]]:
                      f"{mean(r['f_tau'] for r in recent):.2f}", f"{mean(r['kappa'] for r in recent):.2f}",
                      f"{age:.0f} min" if age < 600 else f"{age / 60:.0f} h", max(ckpts, key=int) if ckpts else "–"])
     cells = eval_cells(a, models(a))
-    done = sum(len(scores(a, *cell)) >= a.limit for cell in cells)
+    done = sum(bool(done_scores(a, *cell)) for cell in cells)
     rows.append(["eval cells", f"{done}/{len(cells)}", "", "", "", "", "", ""])
     return rows
 
@@ -289,14 +298,14 @@ def main_table(a) -> tuple[list[str], dict]:
     f = lambda x, d=2: "–" if x is None else f"{x:.{d}f}"  # noqa: E731
     summaries = {}
     for name, label in (("base", "base"), ("cold", "SFT cold start")):
-        accs = " | ".join(acc_cell(scores(a, name, "parallel", k)) for k in a.ks)
+        accs = " | ".join(acc_cell(scores(a, name, "parallel", k), a.limit) for k in a.ks)
         lines.append(f"| {label} | – | – | – | – | – | – | – | {accs} |")
     for rid, name, seed in run_ids(a):
         s = run_summary(a, rid)
         if s is None:
             continue
         summaries[rid] = s
-        accs = " | ".join(acc_cell(scores(a, rid, "parallel", k)) for k in a.ks)
+        accs = " | ".join(acc_cell(scores(a, rid, "parallel", k), a.limit) for k in a.ks)
         lines.append(f"| {RUNS[name][0]} | {seed} | {s['steps']} | {f(s['f_first'])} | {f(s['f_last'])} | "
                      f"{f(s['k_first'])} | {f(s['k_last'])} | {f(s['k_max_last'])} | {accs} |")
     return lines, summaries
@@ -305,7 +314,8 @@ def main_table(a) -> tuple[list[str], dict]:
 def block_c(a) -> list[str]:
     lines = ["| dispatch | " + " | ".join(f"acc K={k}" for k in a.ks) + " |", "|---|" + "---|" * len(a.ks)]
     for mode in MODES:
-        lines.append(f"| {mode} | " + " | ".join(acc_cell(scores(a, "para_s1", mode, k)) for k in a.ks) + " |")
+        accs = " | ".join(acc_cell(scores(a, "para_s1", mode, k), a.limit) for k in a.ks)
+        lines.append(f"| {mode} | {accs} |")
     return lines
 
 
@@ -385,8 +395,8 @@ def claims(a, summaries: dict) -> list[str]:
     claim("PARA-GRPO − R_tool loses the tools: κ last ≤ ½ × PARA-GRPO's (the paper: 0.04 against 0.21)",
           nt <= 0.5 * pk if have(nt, pk) else None, f"{r2(nt)} vs {r2(pk)}")
     for i, k in enumerate(a.ks):
-        para = seed_mean([scores(a, f"para_s{s}", "parallel", k) for s in RUNS["para"][2]])
-        van = seed_mean([scores(a, f"vanilla_s{s}", "parallel", k) for s in RUNS["vanilla"][2]])
+        para = seed_mean([done_scores(a, f"para_s{s}", "parallel", k) for s in RUNS["para"][2]])
+        van = seed_mean([done_scores(a, f"vanilla_s{s}", "parallel", k) for s in RUNS["vanilla"][2]])
         d, lo, hi = paired_gain(para, van)
         if i == 0:
             claim(f"PARA-GRPO above vanilla at K = {k} (paired 95 % interval above 0)",
@@ -396,8 +406,8 @@ def claims(a, summaries: dict) -> list[str]:
             claim(f"PARA-GRPO not below vanilla at K = {k} (paired interval's upper end ≥ 0)",
                   hi >= 0 if para and van else None,
                   f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] points" if para and van else "–")
-    par = [scores(a, "para_s1", "parallel", k) for k in a.ks]
-    seq = [scores(a, "para_s1", "sequential", k) for k in a.ks]
+    par = [done_scores(a, "para_s1", "parallel", k) for k in a.ks]
+    seq = [done_scores(a, "para_s1", "sequential", k) for k in a.ks]
     if all(par) and all(seq):
         vals = [(sum(p.values()) / len(p), sum(q.values()) / len(q)) for p, q in zip(par, seq)]
         claim("block C: parallel ≥ sequential at every K", all(p >= q for p, q in vals),

@@ -114,3 +114,28 @@ def test_advantage_gap_and_call_vs_skip_read_the_same_groups(paradox, tmp_path):
     assert list(gap) == [64] and gap[64] == [2.0] * 10
     rows = paradox.call_vs_skip(a)  # K = 64 only, steps 9-12 (the last third)
     assert rows[2:] == ["| PARA-GRPO 1 | 8 | 0.50 | 1.00 / 1.00 | 1.00 / 0.80 | 2.80 / 1.80 | 0.00 / 1.00 |"]
+
+
+def test_a_cell_still_being_evaluated_is_neither_shown_as_a_figure_nor_claimed(paradox, tmp_path):
+    a = args(tmp_path)  # limit=2 questions a cell
+    write_run(a, "para_s1", (4, 4), (0.8, 0.9))
+    write_run(a, "vanilla_s1", (4, 4), (0.2, 0.3))
+
+    def cell(model, k, rows):
+        d = paradox.eval_dir(a, model, "parallel", k)
+        d.mkdir(parents=True)
+        (d / "results.jsonl").write_text("".join(json.dumps({"id": i, "score": s}) + "\n" for i, s in rows))
+
+    cell("para_s1", 4, [("q1", 1.0), ("q2", 1.0)])
+    cell("vanilla_s1", 4, [("q1", 0.0), ("q2", 0.0)])
+    cell("para_s1", 16, [("q1", 0.0)])  # one of two: the eval stage is still on it
+    cell("vanilla_s1", 16, [("q1", 1.0), ("q2", 1.0)])
+    lines, _ = paradox.main_table(a)
+    para = [x for x in lines if x.startswith("| PARA-GRPO |")][0]
+    assert "| 100.0 [" in para and "| 1/2 scored |" in para
+    summaries = {r: paradox.run_summary(a, r) for r in ("para_s1", "vanilla_s1")}
+    got = {x.split(":")[0]: x for x in paradox.claims(a, summaries)}
+    assert ": reproduced (+100.0" in got["- PARA-GRPO above vanilla at K = 4 (paired 95 % interval above 0)"]
+    k16 = got["- PARA-GRPO not below vanilla at K = 16 (paired interval's upper end ≥ 0)"]
+    assert k16.endswith("not measured yet (–)")
+    assert [r for r in paradox.status(a) if r[0] == "eval cells"][0][1] == "3/21"  # 4 models × 3 K and block C
