@@ -139,3 +139,12 @@ def test_a_cell_still_being_evaluated_is_neither_shown_as_a_figure_nor_claimed(p
     k16 = got["- PARA-GRPO not below vanilla at K = 16 (paired interval's upper end ≥ 0)"]
     assert k16.endswith("not measured yet (–)")
     assert [r for r in paradox.status(a) if r[0] == "eval cells"][0][1] == "3/21"  # 4 models × 3 K and block C
+
+
+def test_the_follow_up_run_trains_last_and_is_evaluated_without_the_prefix(paradox, tmp_path):
+    a = args(tmp_path, cold=tmp_path / "cold", train=tmp_path / "train")
+    outs = [next(x for x in cmd if x.startswith("out=")).rsplit("/", 1)[1] for cmd, _, _ in paradox.train_jobs(a)]
+    assert outs[-1] == "para_no_prefix_s1" and outs[:3] == ["vanilla_s1", "para_s1", "no_tool_s1"]
+    assert outs.index("para_s2") < outs.index("para_no_prefix_s1")
+    assert not paradox.think_prefix("para_no_prefix_s1") and not paradox.think_prefix("vanilla_s2")
+    assert paradox.think_prefix("gating_only_s1") and paradox.think_prefix("cold")
