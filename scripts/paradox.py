@@ -213,11 +213,17 @@ def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
     return ((c - h) / d, (c + h) / d)
 
 
-def acc_cell(s: dict[str, float], limit: int) -> str:
+def num(x: float | None, digits: int = 2) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def acc_cell(a, model: str, mode: str, k: int) -> str:
+    """A table cell: accuracy with its Wilson interval, or how far an eval still being filled has got."""
+    s = scores(a, model, mode, k)
     if not s:
         return "–"
-    if len(s) < limit:  # still being evaluated: no figure that reads as final
-        return f"{len(s)}/{limit} scored"
+    if len(s) < a.limit:  # still being evaluated: no figure that reads as final
+        return f"{len(s)}/{a.limit} scored"
     p = sum(s.values()) / len(s)
     lo, hi = wilson(p, len(s))
     return f"{100 * p:.1f} [{100 * lo:.0f}, {100 * hi:.0f}]"
@@ -302,26 +308,25 @@ def main_table(a) -> tuple[list[str], dict]:
     kmax = max(a.k_choices)
     lines = [f"| run | seed | steps | fτ first | fτ last | κ first | κ last | κ K={kmax} last | {kcols} |",
              "|---|---|---|---|---|---|---|---|" + "---|" * len(a.ks)]
-    f = lambda x, d=2: "–" if x is None else f"{x:.{d}f}"  # noqa: E731
     summaries = {}
     for name, label in (("base", "base"), ("cold", "SFT cold start")):
-        accs = " | ".join(acc_cell(scores(a, name, "parallel", k), a.limit) for k in a.ks)
+        accs = " | ".join(acc_cell(a, name, "parallel", k) for k in a.ks)
         lines.append(f"| {label} | – | – | – | – | – | – | – | {accs} |")
     for rid, name, seed in run_ids(a):
         s = run_summary(a, rid)
         if s is None:
             continue
         summaries[rid] = s
-        accs = " | ".join(acc_cell(scores(a, rid, "parallel", k), a.limit) for k in a.ks)
-        lines.append(f"| {RUNS[name][0]} | {seed} | {s['steps']} | {f(s['f_first'])} | {f(s['f_last'])} | "
-                     f"{f(s['k_first'])} | {f(s['k_last'])} | {f(s['k_max_last'])} | {accs} |")
+        accs = " | ".join(acc_cell(a, rid, "parallel", k) for k in a.ks)
+        lines.append(f"| {RUNS[name][0]} | {seed} | {s['steps']} | {num(s['f_first'])} | {num(s['f_last'])} | "
+                     f"{num(s['k_first'])} | {num(s['k_last'])} | {num(s['k_max_last'])} | {accs} |")
     return lines, summaries
 
 
 def block_c(a) -> list[str]:
     lines = ["| dispatch | " + " | ".join(f"acc K={k}" for k in a.ks) + " |", "|---|" + "---|" * len(a.ks)]
     for mode in MODES:
-        accs = " | ".join(acc_cell(scores(a, "para_s1", mode, k), a.limit) for k in a.ks)
+        accs = " | ".join(acc_cell(a, "para_s1", mode, k) for k in a.ks)
         lines.append(f"| {mode} | {accs} |")
     return lines
 
@@ -368,40 +373,37 @@ def claims(a, summaries: dict) -> list[str]:
     def have(*xs) -> bool:
         return all(x is not None for x in xs)
 
-    def r2(x: float | None) -> str:
-        return "–" if x is None else f"{x:.2f}"
-
     def pct(x: float | None) -> str:
         return "–" if x is None else f"{100 * x:.0f} %"
 
     k0, k1, f0, f1 = (g("vanilla", k) for k in ("k_first", "k_last", "f_first", "f_last"))
     claim("vanilla GRPO loses the tools: κ last ≤ 0.1 × κ first (> 0)",
           k0 > 0 and k1 <= 0.1 * k0 if have(k0, k1) else None,
-          f"κ {r2(k0)} → {r2(k1)}")
+          f"κ {num(k0)} → {num(k1)}")
     # The format claims compare the share of the gap to fτ = 1 that RL closes, (last − first) / (1 − first):
     # the runs start from different prompts (vanilla without the think prefix at fτ ≈ 0.2, the others
     # with it at ≈ 0.8), so neither levels nor absolute gains compare (a run starting at 0.8 can gain 0.2).
     closed = lambda f0, f1: (f1 - f0) / (1 - f0) if have(f0, f1) and f0 < 1 else None  # noqa: E731
     cv = closed(f0, f1)
     claim("vanilla GRPO does not repair the format: closes < ¼ of its gap to fτ = 1",
-          cv < 0.25 if cv is not None else None, f"fτ {r2(f0)} → {r2(f1)}: {pct(cv)} of the gap")
+          cv < 0.25 if cv is not None else None, f"fτ {num(f0)} → {num(f1)}: {pct(cv)} of the gap")
     for name in ("anchoring_only", "para", "para_no_prefix"):
         a0, a1 = g(name, "f_first"), g(name, "f_last")
         c = closed(a0, a1)
         claim(f"{RUNS[name][0]} repairs the format: closes ≥ ½ of its gap to fτ = 1, and more of it than vanilla",
               c >= 0.5 and c > cv if have(c, cv) else None,
-              f"fτ {r2(a0)} → {r2(a1)}: {pct(c)} of the gap; vanilla {pct(cv)}")
+              f"fτ {num(a0)} → {num(a1)}: {pct(c)} of the gap; vanilla {pct(cv)}")
     for name in ("gating_only", "para"):
         x = g(name, "k_last")
         claim(f"{RUNS[name][0]} keeps more of the tools than vanilla: κ last ≥ 3 × vanilla's (and > 0)",
               x > 0 and x >= 3 * k1 if have(x, k1) else None,
-              f"{r2(x)} vs {r2(k1)}")
+              f"{num(x)} vs {num(k1)}")
     go, pa = g("gating_only", "f_last"), g("para", "f_last")
-    r3 = lambda x: "–" if x is None else f"{x:.3f}"  # noqa: E731 - the two can agree to two decimals
-    claim("gating only's fτ last below PARA-GRPO's", go < pa if have(go, pa) else None, f"{r3(go)} vs {r3(pa)}")
+    claim("gating only's fτ last below PARA-GRPO's", go < pa if have(go, pa) else None,
+          f"{num(go, 3)} vs {num(pa, 3)}")  # three decimals: the two can agree to two
     nt, pk = g("no_tool", "k_last"), g("para", "k_last")
     claim("PARA-GRPO − R_tool loses the tools: κ last ≤ ½ × PARA-GRPO's (the paper: 0.04 against 0.21)",
-          nt <= 0.5 * pk if have(nt, pk) else None, f"{r2(nt)} vs {r2(pk)}")
+          nt <= 0.5 * pk if have(nt, pk) else None, f"{num(nt)} vs {num(pk)}")
     for i, k in enumerate(a.ks):
         para = seed_mean([done_scores(a, f"para_s{s}", "parallel", k) for s in RUNS["para"][2]])
         van = seed_mean([done_scores(a, f"vanilla_s{s}", "parallel", k) for s in RUNS["vanilla"][2]])
