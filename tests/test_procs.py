@@ -18,13 +18,16 @@ import pytest
 from paravt.procs import free_port, group_members as members, port_is_free, start_guarded, stop_group, stop_leftovers
 
 # A stand-in server: listens on its port (argv[1]); with "fork", a child of it listens on nothing and
-# sleeps (as vLLM's engine processes do beside its API server).
+# sleeps (as vLLM's engine processes do beside its API server). It forks before it listens, so a busy
+# port means the child exists (the tests count the group's members once the port is taken).
 SERVER = textwrap.dedent("""
     import os, socket, sys, time
     s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(8)
+    s.bind(("127.0.0.1", int(sys.argv[1])))
     if len(sys.argv) > 2 and os.fork() == 0:
         s.close()
+    else:
+        s.listen(8)
     print("ready", flush=True)
     time.sleep(600)
 """)
