@@ -498,9 +498,10 @@ def shown(path: Path) -> str:
 def write_doc(a) -> str:
     plot(a)
     table, summaries = main_table(a)
+    bare = "the base and the runs " + " and ".join(f"“{RUNS[n][0]}”" for n in RUNS if not think_prefix(f"{n}_s1"))
     body = [START, f"Runs of {a.steps} steps from `{shown(a.cold)}` (config `{shown(a.config)}`); held-out accuracy on "
             f"the first {a.limit} questions of `{shown(a.test)}`, greedy, parallel dispatch, with the 95 % Wilson "
-            "interval; the base and the vanilla runs are evaluated without the think prefix, as they were trained. "
+            f"interval; {bare} are evaluated without the think prefix, as they were trained. "
             "fτ, κ: means over the first and the last tenth of the steps (τ = 0.7 rollouts).", "", *table, "",
             "Block C, the first PARA-GRPO seed's checkpoint by dispatch mode:", "", *block_c(a), "",
             f"In training at K = {max(a.k_choices)}, over the last third of each run's steps (τ = 0.7): the rollouts "
