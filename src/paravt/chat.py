@@ -156,7 +156,9 @@ class Renderer:
     def pixel_inputs(self, images: list[np.ndarray]) -> dict:
         if not images:
             return {}
-        out = self.processor.image_processor(images=images, return_tensors="pt")
+        # HxWx3 stated, not guessed: the processor takes a 1x1 or 3xN frame for channels-first
+        # otherwise, and its patch count then disagrees with `image_tokens`
+        out = self.processor.image_processor(images=images, return_tensors="pt", input_data_format="channels_last")
         return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
 
 

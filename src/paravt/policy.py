@@ -42,16 +42,25 @@ def model_inputs(model, renderer: Renderer, rows: list[list[int]], images: list[
     return inputs
 
 
+# Below this a temperature is greedy (vLLM's _SAMPLING_EPS): logits / 1e-300 overflow to inf and the
+# softmax to NaN, so a "temperature" of 1e-300 means what the user meant by it, argmax.
+GREEDY_BELOW = 1e-5
+
+
+def is_greedy(temperature: float) -> bool:
+    return temperature < GREEDY_BELOW
+
+
 def policy_log_softmax(logits: torch.Tensor, temperature: float = 1.0,
                        banned: torch.Tensor | list[int] | None = None) -> torch.Tensor:
     """log π_τ over the vocabulary: log_softmax(logits / τ) with the never-sampled tokens (vision
     placeholders) removed. This is the distribution rollouts sample from, so it is the one place
     behaviour logprobs (the backend), the trainer's ratio, KL and entropy, and drift checks are
     computed: a gradient of log π₁ under samples of π₀.₇ drifts the entropy step after step.
-    τ <= 0 (greedy) reports the τ = 1 values. Top-p is not folded in (as verl, TRL and AReaL): the
+    τ below GREEDY_BELOW (greedy) reports the τ = 1 values. Top-p is not folded in (as verl, TRL and AReaL): the
     truncated tail only matters when top_p < 1, which the recipe does not use."""
     x = logits.float()
-    if temperature > 0 and temperature != 1.0:
+    if not is_greedy(temperature) and temperature != 1.0:
         x = x / temperature
     if banned is not None and len(banned):
         idx = banned if isinstance(banned, torch.Tensor) else torch.tensor(banned, dtype=torch.long)

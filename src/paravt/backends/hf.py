@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import math
 import queue
 import threading
 import time
@@ -41,7 +42,7 @@ import torch
 
 from paravt.backends.base import BackendError, Completion, GenerateRequest, RequestRejected
 from paravt.chat import Rendered, Renderer
-from paravt.policy import model_inputs, policy_log_softmax, sequence_logprobs
+from paravt.policy import is_greedy, model_inputs, policy_log_softmax, sequence_logprobs
 
 __all__ = ["HFBackend", "IncrementalText", "Rendered", "Renderer", "default_decode_threads", "model_inputs",
            "policy_log_softmax", "sequence_logprobs"]
@@ -94,11 +95,14 @@ def _left_pad(t: torch.Tensor, n: int, dim: int) -> torch.Tensor:
     return torch.cat([t.new_zeros(shape), t], dim=dim)
 
 
-def _prefill(model, renderer: Renderer, jobs: list[_Job]) -> _Batch:
-    """One forward pass over the new rows' prompts (left-padded together)."""
+def _prefill(model, renderer: Renderer, jobs: list[_Job], resume: bool = False) -> _Batch:
+    """One forward pass over the new rows' prompts (left-padded together). With `resume`, each row's
+    prompt is followed by the tokens it has generated so far (a row rebuilt after a failed decode
+    step), so the logits are those of its next token."""
     from transformers import DynamicCache
 
-    inputs = model_inputs(model, renderer, [j.rendered.ids for j in jobs], [j.rendered.images for j in jobs])
+    rows = [j.rendered.ids + (j.tokens if resume else []) for j in jobs]
+    inputs = model_inputs(model, renderer, rows, [j.rendered.images for j in jobs])
     position_ids = inputs.pop("position_ids")
     cache = DynamicCache(config=model.config.get_text_config())
     out = model(**inputs, position_ids=position_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -134,29 +138,47 @@ def _select(batch: _Batch, keep: list[int]) -> _Batch | None:
                   batch.positions.index_select(0, idx), batch.logits.index_select(0, idx))
 
 
-def _choose(batch: _Batch, banned: torch.Tensor) -> tuple[list[int], list[float]]:
-    """One token per row: greedy at temperature <= 0, else sampled from π_τ (softmax(logits / T)
-    without the vision placeholders, top-p truncated) with the row's own seeded generator (so a
-    seeded request gives the same tokens alone or in any batch). Each logprob is log π_τ of the
-    chosen token (`policy_log_softmax`), the behaviour policy PPO's ratio needs. Vision placeholders
-    are never chosen: a generated one has no frame behind it and would break the next forward pass."""
+def _choose(batch: _Batch, banned: torch.Tensor) -> tuple[list[int], list[float], dict[int, Exception]]:
+    """One token per row: greedy at a temperature below GREEDY_BELOW, else sampled from π_τ
+    (softmax(logits / T) without the vision placeholders, top-p truncated, always keeping the top
+    token) with the row's own seeded generator (so a seeded request gives the same tokens alone or
+    in any batch). Each logprob is log π_τ of the chosen token (`policy_log_softmax`), the behaviour
+    policy PPO's ratio needs. Vision placeholders are never chosen: a generated one has no frame
+    behind it and would break the next forward pass. A row whose choice fails (non-finite logits)
+    is returned in the errors, by index: it fails alone."""
     logits = batch.logits
     if banned.numel():
         logits = logits.index_fill(-1, banned, float("-inf"))
-    chosen = torch.argmax(logits, dim=-1).cpu()
+    chosen = torch.argmax(logits, dim=-1).tolist()
     lps = [0.0] * len(batch.jobs)
+    errors: dict[int, Exception] = {}
     for j, job in enumerate(batch.jobs):
-        r = job.request
-        lsm = policy_log_softmax(logits[j], r.temperature)
-        if r.temperature > 0:
-            probs = lsm.exp().cpu()
-            if r.top_p < 1.0:
-                sp, si = torch.sort(probs, descending=True)
-                keep = torch.cumsum(sp, 0) - sp < r.top_p
-                probs = torch.zeros_like(probs).scatter(0, si[keep], sp[keep])
-            chosen[j] = torch.multinomial(probs, 1, generator=job.generator)[0]
-        lps[j] = float(lsm[chosen[j]])
-    return chosen.tolist(), lps
+        try:
+            chosen[j], lps[j] = _choose_row(logits[j], chosen[j], job)
+        except Exception as e:  # noqa: BLE001 - one row's sampling fails that row, not its batch
+            errors[j] = e
+    return chosen, lps, errors
+
+
+def _choose_row(logits: torch.Tensor, greedy: int, job: _Job) -> tuple[int, float]:
+    r = job.request
+    lsm = policy_log_softmax(logits, r.temperature)
+    top = float(lsm.max())  # NaN or inf logits make every entry NaN
+    if not math.isfinite(top):
+        raise BackendError(f"the model's next-token distribution is not finite (its top log π is {top})")
+    token = greedy
+    if not is_greedy(r.temperature):
+        probs = lsm.exp().cpu()
+        if r.top_p < 1.0:
+            sp, si = torch.sort(probs, descending=True)
+            keep = torch.cumsum(sp, 0) - sp < r.top_p
+            keep[0] = True  # a top_p below the top token's mass keeps that token
+            probs = torch.zeros_like(probs).scatter(0, si[keep], sp[keep])
+        token = int(torch.multinomial(probs, 1, generator=job.generator)[0])
+    lp = float(lsm[token])
+    if not math.isfinite(lp):
+        raise BackendError(f"the model's next-token distribution is not finite (log π of token {token} is {lp})")
+    return token, lp
 
 
 def _finished(job: _Job, token: int, renderer: Renderer, max_model_len: int) -> bool:
@@ -174,36 +196,43 @@ def _finished(job: _Job, token: int, renderer: Renderer, max_model_len: int) -> 
     return False
 
 
-def _step(model, renderer: Renderer, batch: _Batch, banned: torch.Tensor, max_model_len: int
-          ) -> tuple[_Batch | None, list[_Job]]:
-    """Choose each row's next token, let finished rows go, and run the others one token further.
-    Returns the remaining batch and the jobs that finished."""
-    tokens, lps = _choose(batch, banned)
-    keep, done = [], []
+def _advance(renderer: Renderer, batch: _Batch, banned: torch.Tensor, max_model_len: int
+             ) -> tuple[_Batch | None, list[_Job], list[tuple[_Job, Exception]]]:
+    """Choose each row's next token and let finished rows go. Returns the rows that go on (their
+    tokens chosen, not yet fed), the jobs that finished, and the jobs that failed, each alone."""
+    tokens, lps, errors = _choose(batch, banned)
+    keep, done, failed = [], [], []
     for j, (job, t, lp) in enumerate(zip(batch.jobs, tokens, lps)):
-        job.tokens.append(t)
-        job.logprobs.append(lp)
-        if _finished(job, t, renderer, max_model_len):
-            done.append(job)
-        elif not job.gone():
-            keep.append(j)
-            if job.on_token is not None:
-                job.on_token(t)
-    fed = [tokens[j] for j in keep]
-    batch = _select(batch, keep)
-    if batch is None:
-        return None, done
+        if j in errors:
+            failed.append((job, errors[j]))
+            continue
+        try:
+            job.tokens.append(t)
+            job.logprobs.append(lp)
+            if _finished(job, t, renderer, max_model_len):
+                done.append(job)
+            elif not job.gone():
+                if job.on_token is not None:
+                    job.on_token(t)
+                keep.append(j)
+        except Exception as e:  # noqa: BLE001 - a row's own bookkeeping (stop strings, streaming) fails it alone
+            failed.append((job, e))
+    return _select(batch, keep), done, failed
+
+
+def _decode(model, batch: _Batch) -> _Batch:
+    """Run every row one token further: feed each row's last chosen token."""
     n = len(batch.jobs)
     device = batch.attention.device
     batch.attention = torch.cat([batch.attention, batch.attention.new_ones((n, 1))], dim=1)
-    ids = torch.tensor(fed, device=device).view(n, 1)
+    ids = torch.tensor([job.tokens[-1] for job in batch.jobs], device=device).view(n, 1)
     # a text token's three M-RoPE positions (time, height, width) are equal
     pos = batch.positions.view(1, n, 1).expand(3, n, 1)
     out = model(input_ids=ids, attention_mask=batch.attention, position_ids=pos, past_key_values=batch.cache,
                 use_cache=True)
     batch.logits = out.logits[:, -1, :].float()
     batch.positions = batch.positions + 1
-    return batch, done
+    return batch
 
 
 def _completion(job: _Job, renderer: Renderer) -> Completion:
@@ -399,7 +428,7 @@ class HFBackend:
     # ---- the worker thread
 
     def _admit(self, job: _Job) -> bool:
-        """Render a new job (RequestRejected fails it alone); False if it cannot run."""
+        """Render a new job and seed its generator; a job that cannot run fails alone (False)."""
         r = job.request
         try:
             if r.max_new_tokens < 1:
@@ -407,8 +436,13 @@ class HFBackend:
             if r.max_new_tokens >= self.max_model_len:
                 raise RequestRejected(f"max_new_tokens {r.max_new_tokens} leaves no room for a prompt in the "
                                       f"model's context of {self.max_model_len} tokens")
+            if r.seed is not None and not (isinstance(r.seed, int) and -(2**63) <= r.seed < 2**64):
+                raise RequestRejected(f"seed must be an integer in [-2^63, 2^64), got {str(r.seed)[:40]}")
             job.rendered = self.renderer.render(r.messages, prefix=r.prefix,
                                                 max_tokens=self.max_model_len - r.max_new_tokens)
+            job.generator = torch.Generator(device="cpu")
+            seed = r.seed if r.seed is not None else time.time_ns() % (2**31)
+            job.generator.manual_seed(seed % (2**64))  # a negative seed as its two's complement
         except RequestRejected as e:
             _resolve(job, RequestRejected(f"bad request: {e} (the model's context is {self.max_model_len} tokens, "
                                           f"of which max_new_tokens={r.max_new_tokens} are for the answer)"))
@@ -416,9 +450,24 @@ class HFBackend:
         except Exception as e:  # noqa: BLE001 - a request that cannot be rendered fails alone
             _resolve(job, RequestRejected(f"bad request: {e}"))
             return False
-        job.generator = torch.Generator(device="cpu")
-        job.generator.manual_seed(r.seed if r.seed is not None else int(time.time_ns() % (2**31)))
         return True
+
+    def _prefill_rows(self, jobs: list[_Job], resume: bool = False) -> _Batch | None:
+        """The rows' prefill; if it fails, each row is prefilled alone, so a row the model cannot take
+        (a frame its vision tower refuses, say) fails by itself and the others go on."""
+        try:
+            with torch.no_grad():
+                return _prefill(self.model, self.renderer, jobs, resume)
+        except Exception as e:  # noqa: BLE001
+            if len(jobs) == 1:
+                _resolve(jobs[0], _failure(e))
+                return None
+        batch = None
+        for job in jobs:
+            one = self._prefill_rows([job], resume)
+            if one is not None:
+                batch = _merge(batch, one)
+        return batch
 
     def _worker(self) -> None:
         if self._banned is None:
@@ -454,24 +503,43 @@ class HFBackend:
             try:
                 if new:
                     torch.set_num_threads(base_threads)
-                    with torch.no_grad():
-                        batch = _merge(batch, _prefill(self.model, self.renderer, new))
+                    fresh = self._prefill_rows(new)
+                    if fresh is not None:
+                        batch = _merge(batch, fresh)
                     self.batches_run += 1
                     self.batch_sizes.append(len(new))
                 if batch is None:
                     continue
                 self.peak_rows = max(self.peak_rows, len(batch.jobs))
-                # 3. one decode step for every row
+                # 3. one decode step for every row: each row's token, then one forward pass
                 if self.decode_threads:
                     torch.set_num_threads(self.decode_threads)
                 with torch.no_grad():
-                    batch, done = _step(self.model, self.renderer, batch, self._banned, self.max_model_len)
+                    batch, done, failed = _advance(self.renderer, batch, self._banned, self.max_model_len)
                 for job in done:
                     _resolve(job, _completion(job, self.renderer))
-            except Exception as e:  # noqa: BLE001 - a failed forward pass fails its rows, not the worker
-                err = e if isinstance(e, BackendError) else BackendError(f"hf generation failed: {type(e).__name__}: {e}")
+                for job, e in failed:
+                    _resolve(job, _failure(e))
+                if batch is not None:
+                    batch = self._decode_or_rebuild(batch)
+            except Exception as e:  # noqa: BLE001 - the worker outlives any failure; the rows in hand fail
                 for job in (batch.jobs if batch else []) + new:
-                    _resolve(job, err)
+                    _resolve(job, _failure(e))
                 batch = None
             finally:
                 torch.set_num_threads(base_threads)
+
+    def _decode_or_rebuild(self, batch: _Batch) -> _Batch | None:
+        """One decode step; if the batched forward fails, the rows are rebuilt one by one from their
+        prompt and the tokens they have so far (a recompute, as vLLM's preemption does), so a row
+        that breaks the step fails alone and the others go on from where they were."""
+        try:
+            with torch.no_grad():
+                return _decode(self.model, batch)
+        except Exception:  # noqa: BLE001 - each row gets its own verdict below
+            return self._prefill_rows(batch.jobs, resume=True)
+
+
+def _failure(e: BaseException) -> BackendError:
+    """The error a failed row's caller gets: a BackendError as raised, anything else named."""
+    return e if isinstance(e, BackendError) else BackendError(f"hf generation failed: {type(e).__name__}: {e}")

@@ -149,11 +149,20 @@ def _number(body: dict, key: str, default: float, lo: float, hi: float, kind: ty
     v = body.get(key)
     if v is None:
         return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not float(v).is_integer()):
-        raise PayloadError(f"{key} must be {'an integer' if kind is int else 'a number'}, got {v!r}")
+    # an int is compared as an int: float() of a 4,000-digit seed raises OverflowError
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (
+            kind is int and isinstance(v, float) and not v.is_integer()):
+        raise PayloadError(f"{key} must be {'an integer' if kind is int else 'a number'}, got {_shown(v)}")
     if not lo <= v <= hi:
-        raise PayloadError(f"{key} must be between {lo:g} and {hi:g}, got {v!r}")
+        raise PayloadError(f"{key} must be between {lo:g} and {hi:g}, got {_shown(v)}")
     return kind(v)
+
+
+def _shown(v: Any) -> str:
+    if isinstance(v, int) and v.bit_length() > 128:  # repr of a 5,000-digit int raises
+        return f"an integer of {v.bit_length()} bits"
+    text = repr(v)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
 
 
 def _stream_flags(body: dict) -> tuple[bool, bool]:
