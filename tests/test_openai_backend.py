@@ -55,11 +55,11 @@ class FakeBackend:
 class Server:
     """uvicorn on 127.0.0.1:free port in a daemon thread; stopped on exit."""
 
-    def __init__(self, app):
+    def __init__(self, app, **config):
         import uvicorn
 
         self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error", **config))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property

@@ -126,6 +126,8 @@ def serve(
     rl_api: bool = typer.Option(False, help="Serve the RL weight-sync endpoints (/pause, /resume, /collective_rpc "
                                 "reload_weights, /weight_info), as vLLM's dev mode does, for `paravt train grpo` "
                                 "with rollout servers."),
+    allow_origin: list[str] = typer.Option([], help="A browser origin (e.g. http://localhost:3000) whose pages may "
+                                           "call this server; other cross-origin requests are refused. Repeatable."),
 ) -> None:
     """Serve a model over an OpenAI-compatible /v1/chat/completions."""
     from paravt.models import ModelLoadError
@@ -133,7 +135,8 @@ def serve(
 
     try:
         run_serve(model, host, port, api_key, max_batch, max_model_len=max_model_len, max_images=max_images,
-                  max_total_pixels=max_total_pixels, rl_api=rl_api, max_inflight_pixels=max_inflight_pixels)
+                  max_total_pixels=max_total_pixels, rl_api=rl_api, max_inflight_pixels=max_inflight_pixels,
+                  allow_origins=tuple(allow_origin))
     except (ModelLoadError, ValueError) as e:
         typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None

@@ -37,7 +37,9 @@ HTTP interface (JSON errors are `{"error": "message"}`):
 
 Safety, because the page reads files and runs models:
 - binds 127.0.0.1 unless told otherwise; bound to loopback, requests whose Host header is not a
-  loopback name are refused (421), so a web page cannot reach the app through DNS rebinding;
+  loopback name (localhost, ::1, any 127.0.0.0/8 address) are refused (421), so a web page cannot
+  reach the app through DNS rebinding; a request with a foreign Origin is refused (403); a
+  connection gets 30 s for each request's headers (`paravt.webguard`);
 - `--api-key`: every /api/ request needs `Authorization: Bearer KEY`, as `paravt serve` (compared
   in constant time). The page has a key field, filled from `?key=` or `#key=` in its address (then
   removed from the address bar) and kept in the tab's sessionStorage; the page and its assets need
@@ -60,11 +62,11 @@ from paravt.app.episodes import AskRequest, overview_thumbnails, parse_ask, run_
 from paravt.app.media import Uploads, list_media, resolve_media
 from paravt.app.models import Models, default_backend_factory
 from paravt.app.routes import AppState, asset_text, create_app
-from paravt.app.settings import (ASSETS, CSP, KEEP_EPISODES, KEEP_UPLOADS, LOOPBACK_NAMES, MAX_ASK_BYTES, MAX_EPISODES,
+from paravt.app.settings import (ASSETS, CSP, KEEP_EPISODES, KEEP_UPLOADS, MAX_ASK_BYTES, MAX_EPISODES,
                                  MAX_MEDIA_FILES, MAX_UPLOAD_MB, THUMBS, VIDEO_SUFFIXES, AppError, AppSettings,
                                  BackendFactory)
 
-__all__ = ["ASSETS", "CSP", "KEEP_EPISODES", "KEEP_UPLOADS", "LOOPBACK_NAMES", "MAX_ASK_BYTES", "MAX_EPISODES",
+__all__ = ["ASSETS", "CSP", "KEEP_EPISODES", "KEEP_UPLOADS", "MAX_ASK_BYTES", "MAX_EPISODES",
            "MAX_MEDIA_FILES", "MAX_UPLOAD_MB", "THUMBS", "VIDEO_SUFFIXES", "AppError", "AppSettings", "AppState",
            "AskRequest", "BackendFactory", "Models", "Uploads", "asset_text", "create_app", "default_backend_factory",
            "list_media", "overview_thumbnails", "parse_ask", "resolve_media", "run_ask", "serve_app", "sse",

@@ -4,7 +4,8 @@ from pathlib import Path
 from typing import Optional
 
 from paravt.app.routes import create_app
-from paravt.app.settings import LOOPBACK_NAMES, MAX_EPISODES, MAX_UPLOAD_MB, AppSettings
+from paravt.webguard import h11_protocol, is_loopback
+from paravt.app.settings import MAX_EPISODES, MAX_UPLOAD_MB, AppSettings
 
 
 def serve_app(host: str = "127.0.0.1", port: int = 8080, media_root: Optional[str] = None,
@@ -27,7 +28,7 @@ def serve_app(host: str = "127.0.0.1", port: int = 8080, media_root: Optional[st
     if max_episodes < 1:
         raise ValueError(f"--max-episodes must be >= 1, got {max_episodes}")
     EpisodeConfig(frames=frames)  # checks --frames now
-    loopback = host in LOOPBACK_NAMES
+    loopback = is_loopback(host)
     if not loopback and not api_key:
         console.print(f"[yellow]warning: listening on {host} without --api-key: anyone who can reach it can read "
                       "the videos under --media-root and make it load models[/yellow]")
@@ -37,4 +38,4 @@ def serve_app(host: str = "127.0.0.1", port: int = 8080, media_root: Optional[st
     shown = f"[{host}]" if ":" in host else host
     console.print(f"paravt app: open http://{shown}:{port}/"
                   + ("  (it asks for the API key; or add #key=KEY to the address)" if api_key else ""))
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning", http=h11_protocol())

@@ -17,7 +17,8 @@ from typing import Optional
 from paravt.app.episodes import readable, parse_ask, stream_episode
 from paravt.app.media import Uploads, safe_name, list_media
 from paravt.app.models import Models, default_backend_factory
-from paravt.app.settings import (ASSETS, CSP, LOOPBACK_NAMES, MAX_ASK_BYTES, AppError, AppSettings,
+from paravt.webguard import refusal
+from paravt.app.settings import (ASSETS, CSP, MAX_ASK_BYTES, AppError, AppSettings,
                                  BackendFactory)
 
 
@@ -100,16 +101,16 @@ def create_app(settings: AppSettings, backend_factory: Optional[BackendFactory] 
 
 
 def _add_guard(app, settings: AppSettings) -> None:
-    """Bound to loopback, a Host that is not a loopback name is refused (DNS rebinding); the API key
-    on every /api/ request; an AppError answered as its status; headers that keep the page private."""
+    """Requests a web page could have sent refused (`paravt.webguard`: a foreign Host when bound to
+    loopback, a foreign Origin, /api/ask not as JSON); the API key on every /api/ request; an AppError answered as its status; headers that keep the page private."""
     from fastapi import Request
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
-        if settings.loopback_hosts_only:
-            host = (request.headers.get("host") or "").rsplit(":", 1)[0].strip("[]").lower()
-            if host not in LOOPBACK_NAMES:
-                return error(421, "this app answers on its loopback address only (open it as http://127.0.0.1:PORT)")
+        refused = refusal(request.method, request.url.path, request.headers, settings.loopback_hosts_only,
+                          ("/api/ask",))
+        if refused:
+            return error(*refused)
         if settings.api_key and request.url.path.startswith("/api/"):
             given = request.headers.get("authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {settings.api_key}".encode()):

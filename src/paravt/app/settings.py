@@ -15,7 +15,6 @@ KEEP_EPISODES = 32  # finished traces kept for GET /api/episodes/ID
 MAX_MEDIA_FILES = 5000  # files /api/media lists (a huge tree is cut, and says so)
 MAX_EPISODES = 2  # episodes at once: each one holds a decoder and a share of the model's batch
 THUMBS = 16  # overview thumbnails per episode, as the report's default
-LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 CSP = ("default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; script-src 'self'; "
        "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 # (model name or None for the default) -> Backend; runs in a worker thread (loading takes a while)

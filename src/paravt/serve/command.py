@@ -8,12 +8,13 @@ from pathlib import Path
 from paravt.serve.app import create_app
 from paravt.serve.images import MAX_IMAGES, MAX_TOTAL_PIXELS, ImageLimits
 from paravt.serve.limits import MAX_INFLIGHT_PIXELS
+from paravt.webguard import h11_protocol, is_loopback
 
 
 def serve(model: str | None, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           max_batch: int = 16, max_model_len: int | None = None, max_images: int = MAX_IMAGES,
           max_total_pixels: int = MAX_TOTAL_PIXELS, rl_api: bool = False,
-          max_inflight_pixels: int = MAX_INFLIGHT_PIXELS) -> None:
+          max_inflight_pixels: int = MAX_INFLIGHT_PIXELS, allow_origins: tuple[str, ...] = ()) -> None:
     """Load the model and serve it until interrupted. Without `model`, the default of `ask`, `eval`
     and `demo`: $PARAVT_MODEL, else the shipped trained tiny checkpoint (an untrained tiny model only
     if that is missing). `max_model_len` (None: the model's own) goes to the backend, which rejects
@@ -50,7 +51,8 @@ def serve(model: str | None, host: str = "127.0.0.1", port: int = 8000, api_key:
                       "(its output is noise)[/yellow]")
         m, p = build_tiny()
         name = "tiny-untrained"
-    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+    loopback = is_loopback(host)
+    if not loopback and not api_key:
         console.print(f"[yellow]warning: listening on {host} without --api-key: anyone who can reach it can use it"
                       "[/yellow]")
     console.print(f"paravt serve: model [bold]{name}[/bold] at http://{host}:{port}/v1 (max batch {max_batch})")
@@ -58,5 +60,6 @@ def serve(model: str | None, host: str = "127.0.0.1", port: int = 8000, api_key:
     if rl_api:
         console.print("RL weight-sync API on: /pause, /resume, /collective_rpc reload_weights, /weight_info")
     app = create_app(backend, name, api_key=api_key, max_images=limits.max_images,
-                     max_total_pixels=limits.max_total_pixels, rl_api=rl_api, max_inflight_pixels=max_inflight_pixels)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+                     max_total_pixels=limits.max_total_pixels, rl_api=rl_api, max_inflight_pixels=max_inflight_pixels,
+                     loopback_only=loopback, allowed_origins=tuple(allow_origins))
+    uvicorn.run(app, host=host, port=port, log_level="warning", http=h11_protocol())

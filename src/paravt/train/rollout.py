@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -119,7 +120,7 @@ class RolloutServers:
     the subprocesses started here."""
 
     def __init__(self, cfg: RolloutConfig, urls: list[str], procs: list[subprocess.Popen] | None = None,
-                 launched: dict[str, dict] | None = None):
+                 launched: dict[str, dict] | None = None, api_key: str | None = None):
         self.cfg = cfg
         self.urls = [u.rstrip("/").removesuffix("/v1") for u in urls]
         self.procs = procs or []
@@ -131,7 +132,7 @@ class RolloutServers:
         self.version: dict[str, str | None] = {u: None for u in self.urls}
         self._restart_lock = {u: threading.Lock() for u in self.launched}
         self.in_use: set[str] = set()  # synced weights a server being started again reads: not to be removed yet
-        self.api_key = cfg.api_key or os.environ.get("PARAVT_API_KEY")
+        self.api_key = api_key or cfg.api_key or os.environ.get("PARAVT_API_KEY")
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         # readiness checks: one client per server (an httpx.Client shared between threads, when the
         # syncs ran on a thread per server, broke a live server's sync once another had died: EBADF);
@@ -144,16 +145,19 @@ class RolloutServers:
         if cfg.launch == "none":
             return cls(cfg, list(cfg.servers))
         procs, urls, launched = [], [], {}
+        # the servers started here answer only to this trainer: a random key unless one is given (their
+        # RL API swaps weights and pauses generation; a web page must not reach it)
+        key = cfg.api_key or os.environ.get("PARAVT_API_KEY") or secrets.token_urlsafe(24)
         log_dir.mkdir(parents=True, exist_ok=True)
         for line in stop_leftovers(log_dir):  # an earlier run of OUT killed together with its guards
             print(f"rollout servers: {line}", file=sys.stderr)
         try:
             for i, dev in enumerate(cfg.devices):
                 how = {"port": free_port(), "device": dev, "log": log_dir / f"server_{i}.log", "index": i}
-                procs.append(_launch(cfg, model, how))
+                procs.append(_launch(cfg, model, how, key))
                 urls.append(f"http://127.0.0.1:{how['port']}")
                 launched[urls[-1]] = how
-            servers = cls(cfg, list(cfg.servers) + urls, procs, launched)
+            servers = cls(cfg, list(cfg.servers) + urls, procs, launched, api_key=key)
             servers.wait_ready(log_dir)
             return servers
         except BaseException:
@@ -247,7 +251,7 @@ class RolloutServers:
         model = str(self.weights) if self.weights is not None else how["model"]
         self.in_use.add(model)  # the trainer's next syncs must not remove it before the server has read it
         try:
-            self.procs[how["index"]] = _launch(self.cfg, model, how, append=True)
+            self.procs[how["index"]] = _launch(self.cfg, model, how, self.api_key, append=True)
             self.restarts += 1
             self.version[url] = None
             self.wait_ready(Path(how["log"]).parent, [url])
@@ -346,11 +350,13 @@ async def load_weights(http: httpx.AsyncClient, url: str, weights: Path, version
         raise BackendError(f"{url} reports weight version {got!r} after loading {version!r}")
 
 
-def _launch(cfg: RolloutConfig, model: str, how: dict, append: bool = False) -> subprocess.Popen:
-    """One rollout server process (`how`: port, device, log file)."""
+def _launch(cfg: RolloutConfig, model: str, how: dict, api_key: str, append: bool = False) -> subprocess.Popen:
+    """One rollout server process (`how`: port, device, log file), requiring `api_key` (handed over in
+    its environment, not on its command line, which every user of the machine can read)."""
     how.setdefault("model", model)
     dev = how["device"]
     env = dict(os.environ)
+    env["PARAVT_API_KEY" if cfg.launch == "paravt" else "VLLM_API_KEY"] = api_key
     if dev != "cpu":
         env["CUDA_VISIBLE_DEVICES"] = dev
     if cfg.launch == "vllm":

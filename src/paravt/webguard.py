@@ -1,0 +1,116 @@
+"""What a paravt HTTP service (`paravt serve`, `paravt app`) refuses so that no web page can drive it.
+
+A server on loopback without a key is still reachable from every page the user's browser opens:
+a page may POST to http://127.0.0.1:8000 cross-site without a CORS preflight when the body is
+`text/plain` or a form, and a DNS-rebinding page reaches it under its own host name. So:
+- bound to loopback, a Host header that is not a loopback name (localhost, ::1, any 127.0.0.0/8
+  address) is refused (421): a rebinding page's requests carry the page's own name;
+- a request whose Origin is not the server's own (scheme-less host:port as the Host header says)
+  nor in the allowed origins is refused (403): browsers send Origin on every cross-site POST;
+- a POST to a JSON endpoint must say `Content-Type: application/json` (415): that type is one a
+  cross-site page cannot send without a preflight, which this server never answers.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from urllib.parse import urlsplit
+
+LOOPBACK_HOSTNAMES = ("localhost",)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a bind address or a Host header's name, without port) names this machine:
+    localhost, ::1, or any address of 127.0.0.0/8."""
+    name = host.strip("[]").lower().rstrip(".")
+    if name in LOOPBACK_HOSTNAMES:
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def host_name(host_header: str) -> str:
+    """The name of a Host header (`127.0.0.1:8000`, `[::1]:8000`, `localhost`), without its port."""
+    h = host_header.strip()
+    if h.startswith("["):
+        return h[1:h.find("]")] if "]" in h else h
+    return h.rsplit(":", 1)[0] if h.count(":") == 1 else h
+
+
+def refusal(method: str, path: str, headers, loopback_only: bool, json_paths: tuple[str, ...] = (),
+            allowed_origins: tuple[str, ...] = ()) -> tuple[int, str] | None:
+    """(status, message) when the request is one a foreign web page could have sent, else None.
+    `headers` is any case-insensitive mapping (Starlette's)."""
+    host = headers.get("host") or ""
+    if loopback_only and not is_loopback(host_name(host)):
+        return 421, (f"this server answers on its loopback address only, not as {host[:80]!r} "
+                     "(open it as http://127.0.0.1:PORT)")
+    origin = headers.get("origin")
+    if origin is not None and not _same_origin(origin, host) and origin.rstrip("/") not in allowed_origins:
+        return 403, (f"cross-origin requests are refused (Origin {origin[:80]!r}); a browser front-end on "
+                     "another origin needs --allow-origin")
+    if method == "POST" and path in json_paths:
+        kind = (headers.get("content-type") or "").split(";", 1)[0].strip().lower()
+        if kind != "application/json":
+            return 415, f"send the body as Content-Type: application/json (got {kind or 'none'!r})"
+    return None
+
+
+def _same_origin(origin: str, host: str) -> bool:
+    try:
+        netloc = urlsplit(origin).netloc
+    except ValueError:
+        return False
+    return bool(netloc) and netloc.lower() == host.strip().lower()
+
+
+HEADER_TIMEOUT_S = 30.0
+
+
+def h11_protocol(header_timeout_s: float = HEADER_TIMEOUT_S):
+    """uvicorn's h11 protocol with a deadline on each request's headers: uvicorn times out idle
+    keep-alive connections but not one that never finishes its headers, so 1,000 such connections
+    (one byte now and then) would hold every file descriptor of the server. Pass it as
+    `uvicorn.run(..., http=h11_protocol())`."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderDeadlineH11(H11Protocol):
+        _deadline = None
+        _cycle_seen = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._cycle_seen = self.cycle
+            self._deadline = self.loop.call_later(header_timeout_s, self._expire)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expire(self) -> None:
+            if self.cycle is self._cycle_seen and not self.transport.is_closing():
+                self.transport.close()  # no request's headers arrived in time
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.cycle is not self._cycle_seen:  # a request's headers were read
+                self._disarm()
+                self._cycle_seen = self.cycle
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()  # the next request on this connection gets its own deadline
+
+    return HeaderDeadlineH11

@@ -1,0 +1,110 @@
+"""No web page can drive a paravt server on loopback: cross-site bodies (text/plain, forms), foreign
+Origins and DNS-rebinding Host names are refused, the RL API included; a connection that never
+finishes its headers is closed. (`paravt.webguard`; the app's own cases are in test_app.py.)"""
+
+import socket
+import time
+
+import httpx
+import pytest
+from test_openai_backend import FakeBackend, Server
+
+from paravt.serve import create_app
+from paravt.webguard import h11_protocol, host_name, is_loopback, refusal
+
+
+@pytest.mark.parametrize("host,loop", [("127.0.0.1", True), ("127.0.0.2", True), ("127.255.0.9", True),
+                                       ("localhost", True), ("::1", True), ("[::1]", True), ("LOCALHOST.", True),
+                                       ("0.0.0.0", False), ("10.0.0.1", False), ("attacker.example", False),
+                                       ("127.0.0.1.attacker.example", False), ("", False)])
+def test_loopback_names(host, loop):
+    assert is_loopback(host) is loop
+
+
+def test_host_names():
+    assert host_name("127.0.0.1:8000") == "127.0.0.1"
+    assert host_name("[::1]:8000") == "::1"
+    assert host_name("localhost") == "localhost"
+
+
+def test_refusal_rules():
+    ok = {"host": "127.0.0.1:8000", "content-type": "application/json"}
+    assert refusal("POST", "/v1/chat/completions", ok, True, ("/v1/chat/completions",)) is None
+    assert refusal("POST", "/v1/chat/completions", {**ok, "origin": "http://127.0.0.1:8000"}, True,
+                   ("/v1/chat/completions",)) is None
+    assert refusal("GET", "/health", {"host": "attacker.example"}, True)[0] == 421
+    assert refusal("GET", "/health", {"host": "attacker.example"}, False) is None  # bound elsewhere: its own names
+    assert refusal("POST", "/pause", {**ok, "origin": "https://evil.example"}, True)[0] == 403
+    assert refusal("POST", "/pause", {**ok, "origin": "null"}, True)[0] == 403
+    assert refusal("POST", "/pause", {**ok, "origin": "http://localhost:3000"}, True, (),
+                   ("http://localhost:3000",)) is None
+    text = {**ok, "content-type": "text/plain;charset=UTF-8"}
+    assert refusal("POST", "/v1/chat/completions", text, True, ("/v1/chat/completions",))[0] == 415
+    assert refusal("POST", "/v1/chat/completions", {"host": "127.0.0.1:8000"}, True, ("/v1/chat/completions",))[0] == 415
+
+
+@pytest.fixture
+def rl_server():
+    b = FakeBackend()
+    b.reload_weights = lambda path: setattr(b, "reloaded", path)
+    with Server(create_app(b, "fake-model", rl_api=True, loopback_only=True)) as s:
+        yield b, s
+
+
+CHAT = '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}'
+
+
+def test_a_cross_site_page_cannot_drive_the_server(rl_server):
+    """What a page on another site can send without a CORS preflight, refused one by one; the same
+    requests from a same-origin client (or curl, which sends no Origin) are served."""
+    b, s = rl_server
+    page = {"origin": "https://attacker.example"}
+    with httpx.Client(base_url=s.url, timeout=30) as c:
+        # a simple cross-site POST: text/plain body read as JSON before
+        r = c.post("/v1/chat/completions", content=CHAT, headers={"content-type": "text/plain"})
+        assert r.status_code == 415 and "application/json" in r.json()["error"]["message"]
+        r = c.post("/v1/chat/completions", content=CHAT, headers={"content-type": "application/json", **page})
+        assert r.status_code == 403
+        assert c.post("/pause", params={"mode": "abort"}, headers=page).status_code == 403
+        assert c.get("/is_paused").json() == {"is_paused": False}
+        r = c.post("/update_weight_version", content='{"new_version": "evil"}',
+                   headers={"content-type": "text/plain"})
+        assert r.status_code == 415
+        r = c.post("/collective_rpc", content='{"method": "reload_weights", "kwargs": {"weights_path": "/tmp"}}',
+                   headers={"content-type": "application/x-www-form-urlencoded", **page})
+        assert r.status_code == 403 and not hasattr(b, "reloaded")
+        # DNS rebinding: the page's own name in Host
+        assert c.get("/health", headers={"host": "attacker.example"}).status_code == 421
+        r = c.post("/v1/chat/completions", content=CHAT, headers={"content-type": "application/json",
+                                                                  "host": f"rebind.attacker.example:{s.port}"})
+        assert r.status_code == 421
+        # any loopback name is the server's own
+        assert c.get("/health", headers={"host": f"127.0.0.2:{s.port}"}).status_code == 200
+        assert c.get("/health", headers={"host": f"localhost:{s.port}"}).status_code == 200
+        r = c.post("/v1/chat/completions", content=CHAT,
+                   headers={"content-type": "application/json; charset=utf-8", "origin": s.url})
+        assert r.status_code == 200
+        assert c.post("/update_weight_version", json={"new_version": "7"}).status_code == 200
+        assert c.get("/weight_info").json() == {"weight_version": "7"}
+
+
+def test_a_connection_that_never_finishes_its_headers_is_closed():
+    app = create_app(FakeBackend(), "fake-model")
+    with Server(app, http=h11_protocol(header_timeout_s=0.5), timeout_keep_alive=30) as s:
+        slow = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+        slow.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and never the blank line
+        t0 = time.monotonic()
+        assert slow.recv(1024) == b""  # closed by the server
+        assert time.monotonic() - t0 < 8
+        slow.close()
+        # complete requests are answered, each within its own deadline on one connection
+        with socket.create_connection(("127.0.0.1", s.port), timeout=10) as ok:
+            for _ in range(3):
+                ok.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                got = b""
+                while b"fake-model" not in got:
+                    chunk = ok.recv(4096)
+                    assert chunk, f"closed after {got!r}"
+                    got += chunk
+                assert got.startswith(b"HTTP/1.1 200")
+                time.sleep(0.3)  # 0.9 s in all: longer than one deadline, shorter than each request's own
