@@ -79,7 +79,7 @@ def crashing(monkeypatch):
 
     def fake_save_pretrained(model, processor, path):
         path = pathlib.Path(path)
-        path.mkdir(parents=True)
+        path.mkdir(parents=True, exist_ok=True)  # as the real one: the save made it, with its marker
         tick()
         (path / "config.json").write_text("{}")
         tick()
@@ -220,3 +220,44 @@ def test_only_the_newest_snapshots_are_kept(tmp_path, tiny_dir):
         ck.save_checkpoint(tmp_path, model, processor, {"step": step}, keep_as=f"step_{step:06d}")
         ck.prune_snapshots(tmp_path, 2)
     assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_000006", "step_000008"]
+
+
+class _Payload:
+    """What a hostile trainer_state.pt holds: unpickling it runs a command."""
+
+    def __init__(self, flag: pathlib.Path):
+        self.flag = flag
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.flag}",)
+
+
+def test_resuming_never_unpickles_code_from_the_run_directory(tmp_path):
+    flag = tmp_path / "pwned"
+    d = build(tmp_path / "run" / "checkpoint", 3)
+    torch.save({"step": 3, "scheduler": _Payload(flag)}, d / STATE_FILE)
+    with pytest.raises(ck.CheckpointError, match="never unpickles") as e:
+        load_state(tmp_path / "run")
+    assert "python -m paravt.train.checkpoint convert" in str(e.value)
+    assert not flag.exists()
+
+
+def test_an_older_state_with_numpy_values_converts_once_then_resumes(tmp_path):
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    d = build(tmp_path / "run" / "checkpoint", 3)
+    torch.save({"step": 3, "run": {"best": np.float64(0.5), "seen": np.arange(3)}, "where": pathlib.Path("/x")},
+               d / STATE_FILE)
+    with pytest.raises(ck.CheckpointError, match="convert"):
+        load_state(tmp_path / "run")
+    r = subprocess.run([sys.executable, "-m", "paravt.train.checkpoint", "convert", str(tmp_path / "run")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    state = load_state(tmp_path / "run")
+    assert state["step"] == 3 and state["run"]["best"] == 0.5 and state["where"] == "/x"
+    assert torch.equal(state["run"]["seen"], torch.arange(3))

@@ -243,3 +243,46 @@ def test_activation_checkpointing_gives_the_gradients_of_a_plain_backward(tiny_d
     assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 10
     for n in grads[0]:
         torch.testing.assert_close(grads[0][n], grads[1][n], atol=1e-6, rtol=1e-5)
+
+
+def test_out_at_a_folder_that_is_not_a_run_is_refused_and_left_as_it_was(split, tiny_dir, tmp_path):
+    """`out:` at a user's folder: refused before anything is touched (it used to rotate away and delete
+    checkpoint/ and checkpoint.old/, and overwrite config.json and log.jsonl)."""
+    from paravt.train.checkpoint import CheckpointError
+
+    out = tmp_path / "mine"
+    files = {"checkpoint/thesis.txt": "chapter 1", "checkpoint.old/photo.txt": "jpeg", "config.json": '{"mine": 1}',
+             "log.jsonl": "my notes\n"}
+    for name, text in files.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
+    cfg = SFTConfig(model=str(tiny_dir), data=str(split / "sft.parquet"), out=str(out), steps=1, batch_size=1,
+                    micro_batch_size=1, save_every=1, device="cpu", threads=1)
+    with pytest.raises(CheckpointError, match="not a paravt run"):
+        train_sft(cfg)
+    assert {str(p.relative_to(out)): p.read_text() for p in out.rglob("*") if p.is_file()} == files
+
+
+def test_a_run_never_deletes_a_folder_it_did_not_write(split, tiny_dir, tmp_path):
+    """Inside a run's own folder, a checkpoint.old or step_N someone else put there survives the
+    rotation and the pruning: the save refuses, saying which folder, and the step snapshots that are
+    not the run's are never pruned."""
+    from paravt.train.checkpoint import CheckpointError
+
+    out = tmp_path / "run"
+    cfg = SFTConfig(model=str(tiny_dir), data=str(split / "sft.parquet"), out=str(out), steps=1, batch_size=1,
+                    micro_batch_size=1, save_every=1, device="cpu", threads=1, keep_checkpoints=1)
+    train_sft(cfg)
+    (out / "step_000000").mkdir()
+    (out / "step_000000" / "keep.txt").write_text("mine")
+    (out / "checkpoint.old").mkdir()
+    (out / "checkpoint.old" / "photo.txt").write_text("jpeg")
+    cfg.steps = 2
+    with pytest.raises(CheckpointError, match="checkpoint.old: it is not a checkpoint a paravt run wrote"):
+        train_sft(cfg)
+    assert (out / "checkpoint.old" / "photo.txt").read_text() == "jpeg"
+    (out / "checkpoint.old" / "photo.txt").unlink()
+    (out / "checkpoint.old").rmdir()
+    assert train_sft(cfg)["step"] == 2
+    assert (out / "step_000000" / "keep.txt").read_text() == "mine"  # not the run's: never pruned
+    assert (out / "step_000002").is_dir() and not (out / "step_000001").exists()

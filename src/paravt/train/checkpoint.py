@@ -22,6 +22,52 @@ from typing import Any
 STATE_FILE = "trainer_state.pt"
 COMPLETE_FILE = "checkpoint_complete"
 SHARDS_DIR = "dcp"
+OURS_FILE = "paravt_checkpoint"  # in every checkpoint and snapshot directory a run writes, first
+RUN_FILE = "paravt_run.json"  # in OUT: a paravt run lives here (written before anything else)
+
+
+def claim_run_dir(out: str | Path, kind: str, main: bool = True) -> None:
+    """Make OUT a paravt run directory, or refuse before anything in it is touched: a run rotates,
+    prunes and overwrites what it finds there (checkpoint*, step_*, config.json, log.jsonl), so a
+    folder that holds something and is not a paravt run (no RUN_FILE, no checkpoint or log of an
+    earlier paravt) is refused with CheckpointError, and nothing is written or deleted."""
+    import json
+
+    out = Path(out)
+    marker = out / RUN_FILE
+    if marker.is_file():
+        try:
+            was = json.loads(marker.read_text()).get("kind")
+        except (OSError, ValueError, AttributeError):
+            was = None
+        if was not in (None, kind):
+            raise CheckpointError(f"{out} holds a paravt {was} run; write the {kind} run to another folder")
+        return
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"out: {out} is a file, not a folder")
+    earlier = find_checkpoint(out) is not None  # a run of a paravt that wrote no RUN_FILE yet
+    if out.is_dir() and any(out.iterdir()) and not earlier:
+        shown = ", ".join(sorted(p.name for p in out.iterdir())[:5])
+        raise CheckpointError(f"out: {out} is not empty ({shown}, ...) and is not a paravt run (it has no {RUN_FILE}); "
+                              "a run rotates and deletes checkpoint folders and overwrites config.json and log.jsonl "
+                              "there, so it refuses to start: pick a new or empty folder")
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        marker.write_text(json.dumps({"kind": kind}) + "\n")
+
+
+def _ours(d: Path) -> bool:
+    """Whether `d` is a checkpoint or snapshot a paravt run wrote: its marker or state file, or (from an
+    earlier version, or a delete of one cut short) config.json beside only the files a model
+    directory holds."""
+    if (d / OURS_FILE).is_file() or (d / STATE_FILE).is_file() or (d / COMPLETE_FILE).is_file():
+        return True
+    names = [p.name for p in d.iterdir()]
+    return "config.json" in names and all(n.endswith(_MODEL_SUFFIXES) or n in _MODEL_NAMES for n in names)
+
+
+_MODEL_SUFFIXES = (".json", ".safetensors", ".jinja")
+_MODEL_NAMES = ("merges.txt", "vocab.txt", "tokenizer.model", SHARDS_DIR)
 
 
 def checkpoint_dir(out: str | Path) -> Path:
@@ -55,7 +101,12 @@ def has_checkpoint(out: str | Path) -> bool:
 
 def _remove(d: Path) -> None:
     """Delete a checkpoint directory, its state and marker first, so a delete cut short never
-    leaves something that looks complete."""
+    leaves something that looks complete. A directory a run did not write is never deleted."""
+    if not d.exists():
+        return
+    if not _ours(d):
+        raise CheckpointError(f"refusing to delete {d}: it is not a checkpoint a paravt run wrote (move it away)")
+    (d / OURS_FILE).touch()  # a delete cut short leaves it known as ours, to be deleted next time
     for name in (COMPLETE_FILE, STATE_FILE):
         (d / name).unlink(missing_ok=True)
     shutil.rmtree(d, ignore_errors=True)
@@ -123,13 +174,15 @@ def _needed_bytes(model, optimizer) -> int:
 
 def snapshot(checkpoint: Path, dest: Path) -> None:
     """A model-only copy of a checkpoint (what `paravt eval --model` and `paravt serve` load)."""
+    if dest.exists() and not _ours(dest):
+        raise CheckpointError(f"refusing to replace {dest}: it is not a snapshot a paravt run wrote (move it away)")
     shutil.rmtree(dest, ignore_errors=True)
     shutil.copytree(checkpoint, dest, ignore=shutil.ignore_patterns(STATE_FILE, COMPLETE_FILE, SHARDS_DIR))
 
 
 def prune_snapshots(out: str | Path, keep: int) -> None:
     """Keep the newest `keep` OUT/step_<n> snapshots (0 keeps none)."""
-    snaps = sorted(d for d in Path(out).glob("step_*") if d.is_dir() and d.name[5:].isdigit())
+    snaps = sorted(d for d in Path(out).glob("step_*") if d.is_dir() and d.name[5:].isdigit() and _ours(d))
     for d in snaps[: max(len(snaps) - keep, 0)]:
         shutil.rmtree(d, ignore_errors=True)
 
@@ -146,13 +199,15 @@ def save_checkpoint(out: str | Path, model, processor, state: dict[str, Any], ke
     if bad:
         raise CheckpointError(f"step {state.get('step')}: refusing to save {bad} non-finite weights over the "
                               f"checkpoint in {Path(out)} (it still holds the last finite ones)")
-    _, tmp, _ = _leftovers(out)
     error = None
     if main:
+        for d in _leftovers(out):  # before anything moves: a folder the run did not write stays as it is
+            if d.exists() and not _ours(d):
+                error = f"refusing to replace {d}: it is not a checkpoint a paravt run wrote (move it away)"
         Path(out).mkdir(parents=True, exist_ok=True)
         need = _needed_bytes(plain, optimizer) if plain is not None else 0
         free = shutil.disk_usage(Path(out)).free
-        if free < need:
+        if free < need and error is None:
             error = f"{Path(out)}: not enough free space for a checkpoint ({free / 1e6:.0f} MB free, ~{need / 1e6:.0f} MB needed)"
     if engine is not None:
         error = engine.broadcast(error)
@@ -160,6 +215,7 @@ def save_checkpoint(out: str | Path, model, processor, state: dict[str, Any], ke
         raise CheckpointError(error)
     from safetensors import SafetensorError
 
+    _, tmp, _ = _leftovers(out)
     try:
         return _save_checkpoint(out, model, processor, state, keep_as, engine=engine, optimizer=optimizer)
     except (OSError, RuntimeError, SafetensorError) as e:  # what torch, DCP and safetensors raise on a failed write
@@ -213,9 +269,10 @@ def _write_checkpoint(out: str | Path, model, processor, state: dict[str, Any], 
             _remove(final)
             tmp.rename(final)
         _remove(tmp)  # a save cut short (or none): the complete checkpoint is elsewhere
+    if main:
+        tmp.mkdir(parents=True)  # before the other processes write their shards into it
+        (tmp / OURS_FILE).touch()  # first: a save cut short leaves a directory known as ours
     if engine is not None:
-        if main:
-            tmp.mkdir(parents=True)  # before the other processes write their shards into it
         engine.barrier()
         full = engine.full_state_dict(model)  # collective
         if main:
@@ -249,7 +306,16 @@ def load_state(out: str | Path) -> dict[str, Any]:
     if found is None:
         raise FileNotFoundError(f"no complete checkpoint in {Path(out)} (looked for checkpoint, checkpoint.tmp, "
                                 "checkpoint.old)")
-    return torch.load(found / STATE_FILE, weights_only=False, map_location="cpu")
+    import pickle
+
+    try:  # tensors and plain values only: a pickled object in a run directory could run code
+        return torch.load(found / STATE_FILE, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as e:
+        why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise CheckpointError(
+            f"{found / STATE_FILE} holds Python objects beyond tensors and plain values ({why}); paravt never "
+            "unpickles them, since loading such a file can run code. If you wrote this run yourself with an "
+            f"older paravt, convert it once: python -m paravt.train.checkpoint convert {Path(out)}") from None
 
 
 def load_policy(model: str, *, seed: int = 0, tiny_size: str = "tiny", device: str = "cpu", dtype: str = "fp32"):
@@ -315,3 +381,47 @@ def torch_threads(n: int):
         yield
     finally:
         torch.set_num_threads(old)
+
+
+def _plain(value: Any) -> Any:
+    """`value` with numpy scalars and arrays as Python numbers and tensors (what weights_only loads)."""
+    import numpy as np
+    import torch
+
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value)
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def convert_state(out: str | Path) -> Path:
+    """Rewrite an older run's trainer state in the plain form `load_state` reads. This unpickles the
+    file: only for a run you wrote yourself."""
+    import torch
+
+    found = find_checkpoint(out)
+    if found is None:
+        raise FileNotFoundError(f"no complete checkpoint in {Path(out)}")
+    path = found / STATE_FILE
+    state = _plain(torch.load(path, weights_only=False, map_location="cpu"))
+    tmp = path.with_suffix(".plain")
+    torch.save(state, tmp)
+    torch.load(tmp, weights_only=True)  # loads as a resumed run will
+    os.replace(tmp, path)
+    return path
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 3 or sys.argv[1] != "convert":
+        sys.exit("usage: python -m paravt.train.checkpoint convert OUT   (rewrites OUT's trainer state as plain "
+                 "values; it unpickles the file, so only for a run you wrote yourself)")
+    print(f"converted {convert_state(sys.argv[2])}")

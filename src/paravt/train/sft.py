@@ -301,8 +301,8 @@ def _train_sft(cfg: SFTConfig, console=None) -> dict:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from paravt.chat import Renderer
-    from paravt.train.checkpoint import (diverged, find_checkpoint, load_policy, make_optimizer, prune_snapshots,
-                                         restore_optimizer, save_checkpoint)
+    from paravt.train.checkpoint import (claim_run_dir, diverged, find_checkpoint, load_policy, make_optimizer,
+                                         prune_snapshots, restore_optimizer, save_checkpoint)
     from paravt.train.logging import RunLogger
     from paravt.train.sequences import micro_batches, token_logprobs
 
@@ -321,6 +321,7 @@ def _train_sft(cfg: SFTConfig, console=None) -> dict:
     if not rows:
         raise ConfigError(f"{cfg.data} holds no usable rows")
 
+    claim_run_dir(out, "sft", engine.main)  # refuses a folder that is not a run before anything is written
     resumed_from = find_checkpoint(out)  # checkpoint, or what a crash mid-save left
     resume = resumed_from is not None
     torch.manual_seed(cfg.seed)

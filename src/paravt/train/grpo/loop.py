@@ -157,7 +157,7 @@ def _setup(cfg: GRPOConfig, console, make_backend, reward_fn) -> _Trainer:
     from rich.console import Console
 
     from paravt.chat import Renderer
-    from paravt.train.checkpoint import make_optimizer, restore_optimizer
+    from paravt.train.checkpoint import claim_run_dir, make_optimizer, restore_optimizer
     from paravt.train.sft import make_engine
 
     console = console or Console()
@@ -166,6 +166,7 @@ def _setup(cfg: GRPOConfig, console, make_backend, reward_fn) -> _Trainer:
         raise ConfigError(f"prompts_per_step ({cfg.prompts_per_step}) must be >= the {engine.world} processes")
     out = Path(cfg.out)
     samples = load_samples(cfg)
+    claim_run_dir(out, "grpo", engine.main)  # refuses a folder that is not a run before anything is written
     model, base, processor, ref, source, resumed_from = _load_models(cfg, engine, out)
     renderer = Renderer(processor)
     params, opt, sched = make_optimizer(base, cfg, cfg.freeze_vision)
@@ -477,7 +478,7 @@ def _save(cfg: GRPOConfig, out: Path, model, processor, sched, opt, engine, run:
         run.best = value
     run.since_save = []
     state = {"scheduler": sched.state_dict(), "step": run.step, "config": to_dict(cfg), "kind": "grpo",
-             "run": run.to_dict(), "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
+             "run": run.to_dict(), "metrics": {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}}
     final = save_checkpoint(out, model, processor, state,
                             keep_as=f"step_{run.step:06d}" if cfg.keep_checkpoints else None, engine=engine,
                             optimizer=opt)
