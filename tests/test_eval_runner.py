@@ -606,3 +606,53 @@ def test_cli_nothing_evaluated_or_too_many_errors_exit_non_zero(full, split, tmp
     r = CliRunner().invoke(app, base)
     assert r.exit_code == 0 and "failed" not in r.output, r.output
     assert timeless(json.loads((out / "summary.json").read_text())) == timeless(full[1])
+
+
+def test_a_resume_after_the_data_changed_reruns_the_changed_samples(split, tmp_path):
+    """An answer corrected in rl.parquet after a run: the rerun scores that sample again (and says
+    how many it redid) instead of keeping the stale row; a video replaced in place counts too."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "data"
+    shutil.copytree(split, data)
+    out = tmp_path / "r"
+    first = run_eval(load_benchmark("synthvt", data).samples, make_backend(), CFG, out, concurrency=2)
+    assert first["inputs_changed"] == 0
+    rows = pq.read_table(data / "rl.parquet").to_pylist()
+    extra = json.loads(rows[0]["extra_info"])
+    extra["answer"] = "D" if extra["answer"] != "D" else "A"
+    rows[0]["extra_info"] = json.dumps(extra)
+    import pyarrow as pa
+
+    pq.write_table(pa.Table.from_pylist(rows), data / "rl.parquet")
+    calls = []
+
+    def counting(req):
+        calls.append(1)
+        return script(req)
+
+    again = run_eval(load_benchmark("synthvt", data).samples, ScriptedBackend(counting, sub="A red circle."), CFG, out)
+    assert again["inputs_changed"] == 1 and calls  # only the changed sample ran
+    latest = {r["id"]: r for r in read_results(out / "results.jsonl")}
+    assert latest["s0"]["answer"] == extra["answer"]
+    assert again["n"] == first["n"]
+    # a video replaced in place (same path, new bytes): the samples over it run again
+    v = data / "videos" / "v1.mp4"
+    v.write_bytes(v.read_bytes() + b"\0")
+    third = run_eval(load_benchmark("synthvt", data).samples, make_backend(), CFG, out)
+    assert third["inputs_changed"] == sum(1 for i in range(len(QUESTIONS)) if i % 3 == 1)
+    assert run_eval(load_benchmark("synthvt", data).samples, make_backend(), CFG, out)["inputs_changed"] == 0
+
+
+def test_two_runs_on_one_out_folder_are_refused(samples, tmp_path):
+    from paravt.eval.run_dir import RunDirBusy, RunLock
+
+    out = tmp_path / "r"
+    out.mkdir()
+    with RunLock(out):  # another run writing there
+        with pytest.raises(RunDirBusy, match="in use by another paravt eval"):
+            run_eval(samples[:2], make_backend(), CFG, out)
+    assert not (out / "results.jsonl").exists() or not (out / "results.jsonl").read_text()
+    assert run_eval(samples[:2], make_backend(), CFG, out)["n"] == 2  # free again

@@ -82,7 +82,7 @@ def eval_command(*, bench: str, data: str, videos: str | None, model: str | None
     from paravt.backends.base import BackendError
     from paravt.eval.benchmarks import BenchmarkError, load_benchmark
     from paravt.eval.metrics import endpoint_lines, score_line, summary_tables
-    from paravt.eval.runner import EvalAborted, ManifestMismatch, OutputError, eval_config, run_eval_async
+    from paravt.eval.runner import EvalAborted, ManifestMismatch, OutputError, RunDirBusy, eval_config, run_eval_async
     from paravt.models import ModelLoadError
     from paravt.rewards import RewardConfig
 
@@ -129,7 +129,8 @@ def eval_command(*, bench: str, data: str, videos: str | None, model: str | None
         console.print(f"[yellow]interrupted: every finished sample is in {out}/results.jsonl; rerun the same "
                       "command to resume[/yellow]")
         raise typer.Exit(130) from None
-    except (BenchmarkError, ManifestMismatch, EvalAborted, OutputError, ModelLoadError, BackendError, ValueError) as e:
+    except (BenchmarkError, ManifestMismatch, EvalAborted, OutputError, ModelLoadError, BackendError, ValueError,
+            RunDirBusy) as e:
         _fail(str(e))  # OutputError: "<path>: <cause>"; every row written so far is kept
     for t in summary_tables(summary, f"{bench} · {mode} · {out}"):
         console.print(t)

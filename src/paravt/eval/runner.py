@@ -33,6 +33,7 @@ from paravt.agent import Episode, EpisodeConfig, run_episode
 from paravt.backends.base import Backend, BackendError
 from paravt.eval.benchmarks import BENCHMARKS, MissingVideo, Sample
 from paravt.eval.metrics import markdown, normalized_prediction, score_prediction, summarize
+from paravt.eval.run_dir import RunDirBusy, RunLock, input_digest, inputs_changed  # noqa: F401 (RunDirBusy: callers)
 from paravt.eval.servers import check_servers, outage
 from paravt.rewards import RewardConfig
 from paravt.video import VideoError
@@ -270,7 +271,8 @@ def sample_row(s: Sample, ep: Episode | None, error: str | None, latency_s: floa
                keep_ids: bool = False, backend: int = 0) -> dict:
     """The results.jsonl line of one sample."""
     row: dict[str, Any] = {"id": s.id, "bench": s.bench, "question_type": s.question_type, "answer": s.answer,
-                           "video_path": s.video_path, "extras": s.extras, "backend": backend}
+                           "video_path": s.video_path, "extras": s.extras, "backend": backend,
+                           "inputs": input_digest(s)}
     if ep is not None and error is None and ep.error:
         error = ep.error
     if ep is None or error is not None:
@@ -358,7 +360,7 @@ async def _preflight(out: Path, man: dict, pool: "_Pool", targets: list, missing
     """Servers checked (only when samples are left to run), the folder made, the manifest matched,
     the missing videos listed: every way the run can fail at once fails here, before a row is written."""
     done = latest_rows(read_results(out / RESULTS, repair=False))
-    if any(s.id not in done or (retry_errors and done[s.id].get("error")) for s in targets):
+    if len(finished_ids(done, targets, retry_errors)[0]) < len(targets):
         for b in pool.backends:
             await check_servers(b)
     with disk_errors(out):
@@ -434,6 +436,7 @@ async def run_eval_async(
         raise ValueError("no backend given")
     try:  # before anything is written: a dead server fails the run at once, with its cause
         await _preflight(out, man, pool, targets, missing, force, retry_errors)
+        lock = RunLock(out).__enter__()  # one run writes here at a time; released in the finally below
     except BaseException:
         if created:
             for b in pool.backends:
@@ -441,7 +444,7 @@ async def run_eval_async(
         raise
 
     done = latest_rows(read_results(results))
-    finished = {i for i, r in done.items() if not (retry_errors and r.get("error"))}
+    finished, changed = finished_ids(done, targets, retry_errors)
     todo = deque(s for s in targets if s.id not in finished)
     prog, own_prog = _make_progress(progress)
     task = None
@@ -492,6 +495,9 @@ async def run_eval_async(
             if state["backend_fail_streak"] >= max_consecutive_backend_errors:
                 stop.set()
 
+    if changed and prog is not None:
+        prog.console.print(f"[yellow]{changed} sample(s) changed since they were scored (question, answer or "
+                           "video): running them again[/yellow]")
     tasks = [asyncio.create_task(worker()) for _ in range(min(concurrency, max(len(todo), 1)))]
     try:
         finished_tasks, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
@@ -505,6 +511,7 @@ async def run_eval_async(
         for t in tasks:
             t.cancel()
         writer.close()
+        lock.__exit__()
         if own_prog:
             prog.stop()
         if created:
@@ -516,13 +523,31 @@ async def run_eval_async(
         raise EvalAborted(f"the model failed on {state['backend_fail_streak']} samples in a row (last: "
                           f"{state['last_error']}); results so far are in {results}; rerun to resume")
     events = [e for b in pool.backends for e in getattr(b, "endpoint_events", [])]
-    return write_summary(out, [s.id for s in targets], bench=bench, missing=len(missing), endpoint_events=events)
+    return write_summary(out, [s.id for s in targets], bench=bench, missing=len(missing), endpoint_events=events,
+                         inputs_changed=changed)
+
+
+def finished_ids(done: dict[str, dict], targets: Sequence[Sample], retry_errors: bool) -> tuple[set[str], int]:
+    """The ids whose rows stand (not an error to retry, the same inputs as now), and how many rows
+    were left for their sample's inputs having changed."""
+    finished, changed = set(), 0
+    for s in targets:
+        row = done.get(s.id)
+        if row is None or (retry_errors and row.get("error")):
+            continue
+        if inputs_changed(row, s):
+            changed += 1
+        else:
+            finished.add(s.id)
+    return finished, changed
 
 
 def write_summary(out: str | Path, ids: Sequence[str] | None = None, bench: str | None = None,
-                  missing: int | None = None, endpoint_events: list[dict] | None = None) -> dict:
+                  missing: int | None = None, endpoint_events: list[dict] | None = None,
+                  inputs_changed: int | None = None) -> dict:
     """Summarise results.jsonl (the latest row of each id in `ids`, or all) into summary.json/md;
-    `endpoint_events`: model servers this run took out of the rotation (and back), named in both."""
+    `endpoint_events`: model servers this run took out of the rotation (and back), named in both;
+    `inputs_changed`: samples this run scored again because their inputs changed (run_dir)."""
     out = Path(out)
     rows_by_id = latest_rows(read_results(out / RESULTS, repair=False))
     rows = [rows_by_id[i] for i in ids if i in rows_by_id] if ids is not None else list(rows_by_id.values())
@@ -537,6 +562,8 @@ def write_summary(out: str | Path, ids: Sequence[str] | None = None, bench: str 
         summary["missing_videos"] = missing
     if endpoint_events:
         summary["endpoint_events"] = endpoint_events
+    if inputs_changed is not None:
+        summary["inputs_changed"] = inputs_changed
     write_text(out / "summary.json", json.dumps(summary, indent=1, sort_keys=True))
     write_text(out / "summary.md", markdown(summary, f"{bench or 'eval'} · {out.name}"))
     return summary
