@@ -300,7 +300,7 @@ def check_server_faults(data, tmp_path, opts: dict, start_s: float = 300) -> dic
         assert "exited with code" in text and "its health check got no answer either" in text, text[-3000:]
         assert "stopped it and started it again on the weights of version" in text, text[-3000:]
         rows = [json.loads(line) for line in log.read_text().splitlines()]
-        assert [r["step"] for r in rows][:4] == [1, 2, 3, 4] and rows[3]["server_restarts"] == 2
+        assert [r["step"] for r in rows][:4] == [1, 2, 3, 4] and rows[3]["server_restarts"] >= 2  # more: a start tried again
         for r in rows:
             assert 0 <= r["staleness_max"] <= 2 and r["staleness_mean"] <= r["staleness_max"]
             assert "behave_masked_tokens" in r and r["episodes"] == 4
@@ -398,3 +398,46 @@ def test_async_grpo_on_two_trainer_processes(mini_split, tmp_path):
     records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     assert sorted({r["group"] % 2 for r in records}) == [0, 1]  # both processes' shares were trained
     assert all(r["step"] - 2 <= min(r["versions"]) and max(r["versions"]) <= r["step"] - 1 for r in records)
+
+
+@pytest.mark.parametrize("failures", [2, 3])
+def test_a_failed_server_start_is_tried_again_and_never_ends_a_run_without_a_reason(failures, monkeypatch):
+    """On a loaded machine a restarted server's start or weight sync can miss its deadline (httpx's
+    ReadTimeout has an empty message): the start is tried again, and when every try fails the run's
+    error names the exception, its meaning and the end of the server's log."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import httpx
+
+    import paravt.train.producer as producer
+
+    monkeypatch.setattr(producer, "RELAUNCH_BACKOFF_S", 0.0)
+    whys = []
+
+    class Servers:
+        cfg = SimpleNamespace(timeout_s=10.0)
+        weights, current = "w", "3"
+
+        def relaunch(self, url, why):
+            whys.append(why)
+            if len(whys) <= failures:
+                raise httpx.ReadTimeout("")
+
+        def log_tail(self, url):
+            return "; the end of server_0.log:\nINFO loading weights"
+
+    async def sync_one(url, weights, version):
+        return None
+
+    me = SimpleNamespace(servers=Servers(), backend=SimpleNamespace(forget_model=lambda url: None),
+                         restarting={"u": None}, error=None, changed=asyncio.Event(), _sync_one=sync_one)
+    asyncio.run(producer.RolloutProducer._relaunch(me, "u", "exited with code -9", True))
+    assert whys[0] == "exited with code -9" and "start 1 of 3 failed (ReadTimeout: no answer within 10 s)" in whys[1]
+    assert me.restarting == {}
+    if failures < producer.RELAUNCH_TRIES:
+        assert me.error is None and len(whys) == failures + 1
+    else:
+        text = str(me.error)
+        assert "did not come back after 3 starts: ReadTimeout: no answer within 10 s" in text
+        assert text.endswith("INFO loading weights") and me.changed.is_set()

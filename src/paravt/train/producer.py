@@ -35,7 +35,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from paravt.backends.base import BackendError
-from paravt.train.rollout import RolloutServers, ServerGate, describe, load_weights
+
+RELAUNCH_TRIES = 3  # starts of a dead or hung rollout server before the run stops
+RELAUNCH_BACKOFF_S = 2.0  # doubled after each failed start, at most 10 s
+from paravt.train.rollout import RolloutServers, ServerGate, describe, error_text, load_weights
 
 
 @dataclass
@@ -289,14 +292,26 @@ class RolloutProducer:
             self.restarting[url] = asyncio.ensure_future(self._relaunch(url, why, checked))
 
     async def _relaunch(self, url: str, why: str | None, checked: bool) -> None:
+        """Start `url` again and load the current weights, up to RELAUNCH_TRIES times (a loaded machine
+        can make one start or sync miss its deadline); then the run stops, saying why in full."""
         try:
             if not checked:
                 why = await asyncio.to_thread(self.servers.failure, url, why) or why
-            await asyncio.to_thread(self.servers.relaunch, url, why)
-            self.backend.forget_model(url)  # it serves the synced weights' directory now
-            await self._sync_one(url, self.servers.weights, self.servers.current)
-        except BaseException as e:  # noqa: BLE001
-            self.error = BackendError(f"rollout server {url} died and did not come back: {e}")
+            for attempt in range(1, RELAUNCH_TRIES + 1):
+                try:
+                    await asyncio.to_thread(self.servers.relaunch, url, why)
+                    self.backend.forget_model(url)  # it serves the synced weights' directory now
+                    await self._sync_one(url, self.servers.weights, self.servers.current)
+                    return
+                except Exception as e:  # noqa: BLE001 - tried again, then reported whole
+                    why = f"start {attempt} of {RELAUNCH_TRIES} failed ({error_text(e, self.servers.cfg.timeout_s)})"
+                    if attempt == RELAUNCH_TRIES:
+                        raise
+                    await asyncio.sleep(min(RELAUNCH_BACKOFF_S * 2 ** (attempt - 1), 10.0))
+        except Exception as e:  # noqa: BLE001 - the trainer learns of it in take(); a cancellation passes
+            self.error = BackendError(f"rollout server {url} died and did not come back after {RELAUNCH_TRIES} "
+                                      f"starts: {error_text(e, self.servers.cfg.timeout_s)}"
+                                      f"{self.servers.log_tail(url)}")
             self.changed.set()
         finally:
             self.restarting.pop(url, None)

@@ -98,6 +98,12 @@ def describe(e: BaseException, timeout_s: float) -> str:
     return str(e) or type(e).__name__
 
 
+def error_text(e: BaseException, timeout_s: float) -> str:
+    """An exception in words, never empty: its type, then its message (or what a timeout means)."""
+    text = describe(e, timeout_s)
+    return text if text == type(e).__name__ else f"{type(e).__name__}: {text}"
+
+
 def launch_command(kind: str, model: str, port: int, python: str = "", extra: list[str] | None = None,
                    device: str = "") -> list[str]:
     """The command line of one rollout server on loopback. vLLM is asked for processed logprobs: log π_τ
@@ -257,6 +263,15 @@ class RolloutServers:
             self.wait_ready(Path(how["log"]).parent, [url])
         finally:
             self.in_use.discard(model)
+
+    def log_tail(self, url: str, lines: int = 6) -> str:
+        """The last lines of a launched server's log, to end an error message with ('' if none)."""
+        how = self.launched.get(url)
+        try:
+            tail = Path(how["log"]).read_text(errors="replace").strip().splitlines()[-lines:] if how else []
+        except OSError:
+            return ""
+        return f"; the end of {how['log']}:\n" + "\n".join(tail) if tail else ""
 
     def recover(self, url: str, why: str) -> bool:
         """After a call to `url` failed with `why` (synchronous rollouts, on a worker thread): a
