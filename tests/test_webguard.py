@@ -108,3 +108,38 @@ def test_a_connection_that_never_finishes_its_headers_is_closed():
                     got += chunk
                 assert got.startswith(b"HTTP/1.1 200")
                 time.sleep(0.3)  # 0.9 s in all: longer than one deadline, shorter than each request's own
+
+
+def test_only_the_image_formats_a_chat_client_sends_reach_a_decoder():
+    import base64
+
+    from paravt.serve.errors import PayloadError
+    from paravt.serve.images import open_image
+
+    eps = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 8 8\nnewpath 0 0 moveto showpage\n%%EOF\n"
+    with pytest.raises(PayloadError, match="could not be decoded as PNG, JPEG, WEBP, GIF, BMP, TIFF"):
+        open_image("data:image/png;base64," + base64.b64encode(eps).decode())
+    import io
+
+    from PIL import Image
+
+    for fmt in ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF"):
+        buf = io.BytesIO()
+        Image.new("RGB", (8, 6), "red").save(buf, format=fmt)
+        assert open_image("data:image/x;base64," + base64.b64encode(buf.getvalue()).decode()).size == (8, 6)
+
+
+def test_a_body_that_stops_arriving_gets_408(monkeypatch):
+    import paravt.serve.app as serve_app
+
+    monkeypatch.setattr(serve_app, "BODY_TIMEOUT_S", 0.5)
+    with Server(create_app(FakeBackend(), "fake-model")) as s:
+        with socket.create_connection(("127.0.0.1", s.port), timeout=10) as c:
+            c.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 1000\r\n\r\n{\"messages\": [")
+            got = b""
+            while b"did not arrive" not in got:
+                chunk = c.recv(4096)
+                assert chunk, got
+                got += chunk
+        assert got.startswith(b"HTTP/1.1 408")

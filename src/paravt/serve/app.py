@@ -36,6 +36,7 @@ from paravt.serve.streaming import (first_while_connected, generate_while_connec
                                     stream_events, usage_of)
 
 log = logging.getLogger("paravt.serve")
+BODY_TIMEOUT_S = 120.0  # a whole request body (up to max_body_bytes) must arrive within this
 
 
 @dataclass
@@ -191,7 +192,15 @@ async def read_request(srv: Server, request):
     too) and parsed with its images' headers read, not their pixels: a ChatRequest, or the error
     response. Nothing of the raw body outlives this call: the request keeps only what it needs."""
     chunks, size = [], 0
-    async for chunk in request.stream():
+    reading = request.stream().__aiter__()
+    deadline = time.monotonic() + BODY_TIMEOUT_S
+    while True:  # each chunk within the body's deadline: a client that stops sending does not hold a worker
+        try:
+            chunk = await asyncio.wait_for(reading.__anext__(), max(deadline - time.monotonic(), 0.001))
+        except StopAsyncIteration:
+            break
+        except asyncio.TimeoutError:
+            return error(408, f"the request body did not arrive within {BODY_TIMEOUT_S:g} s")
         size += len(chunk)
         if size > srv.max_body_bytes:
             return error(413, f"request body is over the limit of {srv.max_body_bytes} bytes")

@@ -30,6 +30,9 @@ from paravt.backends.base import Backend, ImagePart
 from paravt.serve.errors import PayloadError
 
 MAX_IMAGE_PIXELS = 4096 * 4096
+# what a chat client sends; nothing else reaches a Pillow decoder (EPS would hand untrusted PostScript
+# to Ghostscript where it is installed)
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
 MAX_IMAGES = 256
 MAX_TOTAL_PIXELS = 256 * 1024 * 1024
 # (width, height) of an image -> the (width, height) the model's processor resizes it to
@@ -90,10 +93,11 @@ def open_image(url: str, max_pixels: int = MAX_IMAGE_PIXELS):
     except (binascii.Error, ValueError) as e:
         raise PayloadError(f"image data URL is not valid base64: {e}") from None
     try:
-        img = Image.open(io.BytesIO(raw))  # lazy: reads the header only
+        img = Image.open(io.BytesIO(raw), formats=IMAGE_FORMATS)  # lazy: reads the header only
         w, h = img.size
     except Exception as e:  # PIL raises many kinds (UnidentifiedImageError, OSError, DecompressionBombError, ...)
-        raise PayloadError(f"image could not be decoded: {type(e).__name__}: {e}") from None
+        raise PayloadError(f"image could not be decoded as {', '.join(IMAGE_FORMATS)}: {type(e).__name__}: "
+                           f"{str(e)[:200]}") from None
     if w * h > max_pixels:
         raise PayloadError(f"image of {w}x{h} pixels is over the limit of {max_pixels} pixels")
     return img
