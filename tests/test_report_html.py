@@ -243,3 +243,31 @@ def test_episode_view_alone_grows_with_the_episode(browser, run_dir, tmp_path):
     assert page.inner_text(".pv-answer") == ep["answer"]
     assert page.errors == []
     page.close()
+
+
+def test_thumbnails_of_a_row_never_point_the_page_elsewhere(browser, run_dir, tmp_path):
+    """A results row whose episode carries its own `thumbnails` (remote URLs): the report drops them
+    (only the thumbnails it cut itself go in), and episode.js draws only data: images and files
+    beside the page, whatever it is handed."""
+    from paravt.report.data import Interner, page_episode
+    from paravt.report.html import copy_assets
+
+    row = next(r for r in rows_of(run_dir) if r["n_executed"] > 0)
+    remote = [{"t": 1.0, "src": "https://attacker.example/pixel.png", "w": 8, "h": 8},
+              {"t": 2.0, "src": "//attacker.example/p.png", "w": 8, "h": 8},
+              {"t": 3.0, "src": "/etc/passwd", "w": 8, "h": 8}]
+    assert "thumbnails" not in page_episode(dict(row["episode"], thumbnails=remote), Interner())
+    copy_assets(tmp_path)
+    (tmp_path / "live.html").write_text('<link rel="stylesheet" href="episode.css"><div id="v"></div>'
+                                        '<script src="episode.js"></script>')
+    dot = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQ"
+           "AAAABJRU5ErkJggg==")
+    page = open_page_plain(browser, (tmp_path / "live.html").as_uri())
+    requested = []
+    page.on("request", lambda r: requested.append(r.url))
+    ep = dict(row["episode"], thumbnails=remote + [{"t": 4.0, "src": dot, "w": 1, "h": 1}])
+    page.evaluate("ep => paravt.renderEpisode(document.getElementById('v'), ep, {})", ep)
+    srcs = page.eval_on_selector_all("image.pv-thumb", "xs => xs.map(x => x.getAttribute('href'))")
+    assert srcs == [dot]
+    assert not [u for u in requested if "attacker" in u or "passwd" in u]
+    page.close()

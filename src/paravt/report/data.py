@@ -130,9 +130,10 @@ class Interner:
 
 
 def page_episode(ep: dict, interner: Interner) -> dict:
-    """A row's trace as the page stores it: prompt texts interned, and each turn's `parsed.text`
-    left out (it repeats the generation's prefix + text, which the view shows)."""
+    """A row's trace as the page stores it: prompt texts interned, each turn's `parsed.text` left
+    out (it repeats the generation's prefix + text, which the view shows), and no thumbnails."""
     ep = dict(ep, turns=[dict(t) for t in ep.get("turns") or []])
+    ep.pop("thumbnails", None)  # only the report's own (sample_entry): a row's could point the page anywhere
     for t in ep["turns"]:
         t["generation"] = interner.generation(t.get("generation"))
         t["calls"] = [dict(c, generation=interner.generation(c.get("generation"))) for c in t.get("calls") or []]

@@ -218,11 +218,18 @@
     return {lane: out, n: Math.max(1, ends.length)};
   }
 
+  // a thumbnail is a data: image or a file beside the page (report_files/...), never a remote URL
+  function localImage(th) {
+    var src = th && typeof th.src === "string" ? th.src : "";
+    if (/^data:image\/(jpeg|png|webp);base64,/.test(src)) return true;
+    return src !== "" && !/^[a-z][a-z0-9+.\-]*:/i.test(src) && !/^[\/\\]/.test(src) && src.indexOf("..") < 0;
+  }
+
   function timeline(ep, opts, width, onPick) {
     var D = durationOf(ep);
     var L = 86, R = 14, W = Math.max(360, width);
     var x = function (t) { return L + (Math.max(0, Math.min(D, t)) / D) * (W - L - R); };
-    var thumbs = Array.isArray(ep.thumbnails) ? ep.thumbnails.slice().sort(function (a, b) { return a.t - b.t; }) : [];
+    var thumbs = Array.isArray(ep.thumbnails) ? ep.thumbnails.filter(localImage).sort(function (a, b) { return a.t - b.t; }) : [];
     var OH = thumbs.length ? 50 : 20, LANE = 20, PAD = 6;
     var turns = turnsOf(ep);
     var rows = turns.map(function (t) {
