@@ -286,3 +286,42 @@ def test_a_run_never_deletes_a_folder_it_did_not_write(split, tiny_dir, tmp_path
     assert train_sft(cfg)["step"] == 2
     assert (out / "step_000000" / "keep.txt").read_text() == "mine"  # not the run's: never pruned
     assert (out / "step_000002").is_dir() and not (out / "step_000001").exists()
+
+
+@pytest.mark.parametrize("rows,needle", [
+    ([{"id": "a", "video": "v.mp4"}], "no 'messages' column (it has id, video)"),
+    ([{"id": "a", "messages": "[{not json"}], "row 0: messages is not JSON"),
+    ([{"id": "a", "messages": "[]"}], "row 0: no messages"),
+])
+def test_a_malformed_sft_file_names_the_file_row_and_field(tmp_path, rows, needle):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "sft.parquet")
+    cfg = SFTConfig(model="tiny", data=str(tmp_path / "sft.parquet"), out=str(tmp_path / "run"), steps=1,
+                    device="cpu", threads=1)
+    with pytest.raises(ConfigError, match="sft.parquet") as e:
+        train_sft(cfg)
+    assert needle in str(e.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_pickled_bin_model_is_a_clear_error_and_runs_nothing(tiny_dir, tmp_path):
+    import os
+    import shutil
+
+    from paravt.models import ModelLoadError
+
+    flag = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return os.system, (f"touch {flag}",)
+
+    d = tmp_path / "model"
+    shutil.copytree(tiny_dir, d)
+    (d / "model.safetensors").unlink()
+    torch.save({"lm_head.weight": Payload()}, d / "pytorch_model.bin")
+    with pytest.raises(ModelLoadError, match="pickled Python objects") as e:
+        load_model(str(d), device="cpu")
+    assert "weights_only" not in str(e.value) and not flag.exists()

@@ -76,6 +76,8 @@ def load_model(path_or_id: str, device: str | None = None, dtype: str | None = N
     Hub ids are read from the local Hugging Face cache only, unless `allow_download` (this project
     never downloads by itself). device None: cuda when available, else cpu; dtype None: bf16 on
     cuda, fp32 on cpu."""
+    import pickle
+
     import torch
     from transformers import Qwen3VLForConditionalGeneration
 
@@ -99,6 +101,11 @@ def load_model(path_or_id: str, device: str | None = None, dtype: str | None = N
     try:
         processor = VLProcessor.from_pretrained(source, **kwargs)
         model = Qwen3VLForConditionalGeneration.from_pretrained(source, dtype=torch_dtype, **kwargs)
+    except pickle.UnpicklingError:  # a .bin that is more than tensors: torch's message says to drop weights_only
+        raise ModelLoadError(
+            f"{path_or_id}: its weights file holds pickled Python objects, not only tensors; paravt never loads "
+            "those (unpickling can run code). Save the checkpoint as safetensors where you trust it "
+            "(model.save_pretrained(dir, safe_serialization=True))") from None
     except (OSError, ValueError) as e:  # missing files / not in cache / unreadable config
         if not local.exists() and not allow_download:
             raise ModelLoadError(

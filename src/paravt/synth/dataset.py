@@ -317,9 +317,14 @@ def load_sft_rows(path: str | Path) -> list[dict]:
     import pyarrow.parquet as pq
 
     rows = pq.read_table(path).to_pylist()
-    for r in rows:
+    if rows and "messages" not in rows[0]:
+        raise KeyError(f"no 'messages' column (it has {', '.join(sorted(rows[0]))})")
+    for i, r in enumerate(rows):
         if isinstance(r["messages"], str):
-            r["messages"] = json.loads(r["messages"])
+            try:
+                r["messages"] = json.loads(r["messages"])
+            except ValueError as e:
+                raise ValueError(f"row {i}: messages is not JSON ({e})") from None
     return rows
 
 

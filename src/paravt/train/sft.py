@@ -232,10 +232,13 @@ def load_rows(cfg: SFTConfig) -> list[dict]:
     path = Path(cfg.data)
     if not path.is_file():
         raise FileNotFoundError(f"SFT data {path} does not exist (make it with `paravt synth --split train`)")
-    rows = load_sft_rows(path)
+    try:
+        rows = load_sft_rows(path)
+    except (KeyError, ValueError, TypeError) as e:  # a missing column, a row that is not JSON
+        raise ConfigError(f"{path}: not an SFT file paravt can read ({type(e).__name__}: {e})") from None
     for i, r in enumerate(rows):
         if not isinstance(r.get("messages"), list) or not r["messages"]:
-            raise ConfigError(f"{path} row {i}: no messages")
+            raise ConfigError(f"{path} row {i}: no messages (a list of chat messages is needed)")
     if not cfg.include_subagents:
         rows = [r for r in rows if r.get("kind") != "sub"]
     return rows
