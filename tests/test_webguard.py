@@ -143,3 +143,22 @@ def test_a_body_that_stops_arriving_gets_408(monkeypatch):
                 assert chunk, got
                 got += chunk
         assert got.startswith(b"HTTP/1.1 408")
+
+
+def test_a_client_that_leaves_mid_body_is_one_log_line(caplog):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="paravt.serve")
+    with Server(create_app(FakeBackend(), "fake-model")) as s:
+        with socket.create_connection(("127.0.0.1", s.port), timeout=10) as c:
+            c.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 1000\r\n\r\n{\"messages\": [")
+            time.sleep(0.3)
+        deadline = time.time() + 10
+        while not [r for r in caplog.records if "disconnected" in r.getMessage()] and time.time() < deadline:
+            time.sleep(0.05)
+        assert httpx.get(s.url + "/health").status_code == 200
+    mine = [r for r in caplog.records if r.name == "paravt.serve"]
+    assert [r.getMessage() for r in mine] == ["client disconnected before its request was read: POST "
+                                              "/v1/chat/completions"]
+    assert all(r.exc_info is None for r in mine)

@@ -129,6 +129,7 @@ def _add_guard(app, api_key: Optional[str], max_body_bytes: int, loopback_only: 
     the RL API, a declared body over the limit refused before it is read, and any exception answered
     here (500) so the connection stays usable."""
     from fastapi import Request
+    from starlette.requests import ClientDisconnect
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
@@ -145,6 +146,9 @@ def _add_guard(app, api_key: Optional[str], max_body_bytes: int, loopback_only: 
             return error(413, f"request body of {length} bytes is over the limit of {max_body_bytes} bytes")
         try:
             return await call_next(request)
+        except ClientDisconnect:  # the client left while its body was read: an event, not a failure
+            log.warning("client disconnected before its request was read: %s %s", request.method, request.url.path)
+            return error(499, "the client closed the connection", "client_closed")
         except Exception as exc:  # noqa: BLE001 - answered here, the connection stays usable
             # (an exception left to Starlette's error middleware is re-raised after the 500, and
             # the server then closes the client's keep-alive connection)
