@@ -272,7 +272,8 @@ def check_server_faults(data, tmp_path, opts: dict, start_s: float = 300) -> dic
                     device="cpu", threads=1, lr=3e-4, save_every=1, minibatches=2)  # π_prox recomputed
         cmd = [sys.executable, "-m", "paravt", "train", "grpo"] + [x for k, v in args.items() for x in ("-o", f"{k}={v}")]
         started.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                        env=dict(os.environ, OMP_NUM_THREADS="1")))
+                                        env={**{k: v for k, v in os.environ.items() if k != "PARAVT_API_KEY"},
+                                             "OMP_NUM_THREADS": "1"}))
         return started[-1]
 
     def steps_logged(n: int, proc) -> None:
@@ -282,7 +283,11 @@ def check_server_faults(data, tmp_path, opts: dict, start_s: float = 300) -> dic
     try:
         proc = train(10)  # killed after step 4
         steps_logged(1, proc)
-        killed, _ = server_of(out, start_s, proc=proc)
+        killed, first = server_of(out, start_s, proc=proc)
+        port = json.loads((out / "servers" / "server_0.pid").read_text())["port"]
+        assert len(launch_key(first)) >= 32  # a random key, unless the user gave one
+        if opts.get("rollout.launch") == "paravt":  # its RL API answers to the key alone (vLLM's has no key)
+            assert httpx.post(f"http://127.0.0.1:{port}/pause", params={"mode": "abort"}, timeout=5).status_code == 401
         os.killpg(killed, signal.SIGKILL)
         steps_logged(2, proc)
         guard, stopped = server_of(out, start_s, proc=proc)
@@ -353,7 +358,8 @@ def server_of(out, timeout_s: float = 300, ready: bool = True, proc: subprocess.
             rec, children = read()
             if not ready or not children:
                 return bool(children)
-            info = httpx.get(f"http://127.0.0.1:{rec['port']}/weight_info", timeout=2)
+            info = httpx.get(f"http://127.0.0.1:{rec['port']}/weight_info", timeout=2,
+                             headers={"Authorization": f"Bearer {launch_key(int(children[0]))}"})
             # the trainer's versions are step numbers; vLLM starts at "default", paravt serve at None
             return info.status_code == 200 and str(info.json().get("weight_version")).isdigit()
         except (OSError, ValueError, httpx.HTTPError):
@@ -362,6 +368,13 @@ def server_of(out, timeout_s: float = 300, ready: bool = True, proc: subprocess.
     wait_for(answers, timeout_s, "the launched server answering", proc)
     rec, children = read()
     return rec["pgid"], int(children[0])
+
+
+def launch_key(pid: int) -> str:
+    """The random key a trainer handed its launched server (in the server's environment): the RL API
+    answers to it alone."""
+    env = dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in kv)
+    return env.get("PARAVT_API_KEY") or env["VLLM_API_KEY"]
 
 
 def process_state(pid: int) -> str | None:
