@@ -1,0 +1,151 @@
+"""Decode speed of the hf backend against the memory-bandwidth limit, at the 8B shape on a GPU or
+the tiny model on a CPU (the same script: `benchmarks/gpu.sh` runs it both ways).
+
+    python benchmarks/bench_decode.py --arch 8b --device cuda --json out.json
+    python benchmarks/bench_decode.py --arch tiny --device cpu --batches 1,8 --tokens 32
+
+What it measures, in one process:
+- the device's memory bandwidth, as a large device-to-device copy moves it (bytes read + written
+  per second), and from it the batch-1 decode limit: bandwidth / bytes of the weights (every decode
+  step reads each weight once);
+- decode tokens/s of `HFBackend` at each batch size (forced to full length: end tokens ignored),
+  and the ratio of batch 1 to the limit;
+- the prefill of a 64-frame main-agent prompt (vision tower, DeepStack, M-RoPE);
+- transformers' `generate` at batch 1 on the same prompt, as a reference for the backend's own loop.
+The 8B model is Qwen3-VL-8B's architecture with random weights (`build_8b_random`): speed only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from paravt import protocol as P  # noqa: E402
+from paravt.backends.base import GenerateRequest, ImagePart, Message, TextPart  # noqa: E402
+from paravt.backends.hf import HFBackend  # noqa: E402
+
+
+def request(n_frames: int, side: int, max_new: int, seed: int = 0, temperature: float = 0.0) -> GenerateRequest:
+    """A main-agent request: system prompt, n timestamped frames, question, think prefix."""
+    rng = np.random.default_rng(seed)
+    parts = []
+    for i in range(n_frames):
+        parts += [TextPart(P.timestamp_text(i * 5.0)), ImagePart(rng.integers(0, 255, (side, side, 3), dtype=np.uint8))]
+    parts.append(TextPart(P.user_prompt_text("What happens?", max(n_frames, 1) * 5.0, "oe")))
+    return GenerateRequest([Message("system", P.system_prompt("parallel")), Message("user", parts)],
+                           max_new_tokens=max_new, temperature=temperature, seed=seed, prefix=P.THINK_PREFIX)
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def bandwidth(device: str, gib: float) -> float:
+    """Bytes/s of a device-to-device copy (read + write), the best of 5."""
+    n = int(gib * (1 << 30)) // 2
+    src = torch.empty(n, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    sync(device)
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        dst.copy_(src)
+        sync(device)
+        best = min(best, time.perf_counter() - t)
+    del src, dst
+    return 2 * n * 2 / best
+
+
+def build(arch: str, device: str):
+    if arch == "8b":
+        from paravt.models.tiny import build_8b_random
+
+        return build_8b_random(device=device, dtype=torch.bfloat16)
+    from paravt.models.tiny import build_tiny
+
+    model, processor = build_tiny(seed=0)
+    return model.to(device), processor
+
+
+def decode_rate(backend: HFBackend, batch: int, tokens: int, frames: int) -> tuple[float, float]:
+    """(new tokens/s, seconds) of `batch` concurrent rows decoding `tokens` each after a short prompt."""
+    reqs = [request(frames, 64, tokens, seed=s) for s in range(batch)]
+    t = time.perf_counter()
+    out = backend.generate_sync(reqs)
+    wall = time.perf_counter() - t
+    return sum(o.completion_tokens for o in out) / wall, wall
+
+
+def generate_rate(model, backend: HFBackend, tokens: int, frames: int) -> float:
+    """transformers' generate at batch 1 on the same kind of prompt (greedy, forced length)."""
+    from paravt.policy import model_inputs
+
+    r = backend.renderer.render(request(frames, 64, tokens).messages, prefix=P.THINK_PREFIX)
+    inputs = model_inputs(model, backend.renderer, [r.ids], [r.images])
+    inputs.pop("position_ids")
+    with torch.no_grad():
+        model.generate(**inputs, max_new_tokens=4, min_new_tokens=4, do_sample=False)
+        sync(str(model.device))
+        t = time.perf_counter()
+        model.generate(**inputs, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
+        sync(str(model.device))
+    return tokens / (time.perf_counter() - t)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--arch", choices=["tiny", "8b"], default="tiny")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--batches", default="1,8,32,64")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--frames", type=int, default=4, help="frames in the decode rows' prompts")
+    ap.add_argument("--prefill-frames", type=int, default=64)
+    ap.add_argument("--prefill-side", type=int, default=448)
+    ap.add_argument("--copy-gib", type=float, default=None, help="size of the bandwidth copy (default 4 GPU, 0.25 CPU)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    gib = args.copy_gib or (4.0 if device.startswith("cuda") else 0.25)
+    bw = bandwidth(device, gib)
+    model, processor = build(args.arch, device)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    text_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "visual" not in n)
+    batches = [int(b) for b in args.batches.split(",")]
+    backend = HFBackend(model, processor, max_batch=max(batches))
+    backend.renderer.stop_ids = set()  # full length: every row decodes `tokens`
+    backend.generate_sync([request(1, 64, 4)])  # warm-up
+    rows = {"arch": args.arch, "device": device, "device_name": torch.cuda.get_device_name() if device == "cuda" else
+            "cpu", "torch": torch.__version__, "transformers": __import__("transformers").__version__,
+            "bandwidth_gbs": bw / 1e9, "weight_gb": weight_bytes / 1e9, "text_weight_gb": text_bytes / 1e9,
+            "limit_batch1_tok_s": bw / text_bytes, "decode": {}}
+    for b in batches:
+        rate, wall = decode_rate(backend, b, args.tokens, args.frames)
+        rows["decode"][str(b)] = {"tok_s": rate, "wall_s": wall}
+        print(f"decode batch {b}: {rate:.1f} tok/s ({wall:.2f} s)", flush=True)
+    one = rows["decode"].get("1", {}).get("tok_s")
+    if one:
+        rows["batch1_share_of_limit"] = one / rows["limit_batch1_tok_s"]
+    t = time.perf_counter()
+    backend.generate_sync([request(args.prefill_frames, args.prefill_side, 1)])
+    rows["prefill_s"] = time.perf_counter() - t
+    rows["prefill_frames"] = f"{args.prefill_frames} x {args.prefill_side}^2"
+    rows["generate_batch1_tok_s"] = generate_rate(model, backend, min(args.tokens, 64), args.frames)
+    if device.startswith("cuda"):
+        rows["peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
+    print(json.dumps(rows, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The GPU figures of docs/gpu.md in one run (<= 8 minutes on one H100/H200): 8B decode against the
+# measured memory-bandwidth limit, the 8B PARA-GRPO update (packed and padded: MFU, tokens/s, peak
+# memory), and the 8B parallel episode; then the table in docs/gpu.md. No PyAV, FastAPI or openai
+# needed. `benchmarks/gpu.sh cpu` runs the same steps with the tiny architecture on the CPU (minutes),
+# so a lent GPU's minutes go to measuring, not debugging.
+#
+#   benchmarks/gpu.sh            # on the GPU machine; results in ${OUT:-gpu_out}/ and docs/gpu.md
+#   benchmarks/gpu.sh cpu        # a dry run here: gpu_out/, its table in gpu_out/gpu_cpu.md
+set -uo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-gpu}
+out=${OUT:-gpu_out}
+mkdir -p "$out"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+if [ "$mode" = cpu ]; then
+  arch=tiny; dev=cpu; doc=$out/gpu_cpu.md
+  dec=(--batches 1,8 --tokens 32 --prefill-side 64)
+  upd=(--rollouts 2 --frames 4 --subs 1 --turn-tokens 64 --summary-tokens 32 --sub-tokens 32 --system-tokens 100)
+  epi=(--repeats 1 --frames 4 --sub-tokens 8)
+else
+  arch=8b; dev=cuda; doc=docs/gpu.md
+  dec=(); upd=(--dtype bf16); epi=(--frames 64 --sub-tokens 16)
+fi
+step() {  # name, timeout, command...: each step's log and exit status; one failing step does not stop the rest
+  local name=$1 limit=$2; shift 2
+  echo "== $name"
+  timeout "$limit" "$@" 2>&1 | tee "$out/$name.log"
+  echo "${PIPESTATUS[0]}" > "$out/$name.rc"
+}
+step decode 240 "$py" benchmarks/bench_decode.py --arch "$arch" --device "$dev" "${dec[@]}" --json "$out/decode.json"
+step update 240 "$py" benchmarks/bench_update.py --arch "$arch" --device "$dev" --packing both "${upd[@]}" --json "$out/update.json"
+step episode 120 "$py" benchmarks/bench_episode.py --arch "$arch" --device "$dev" "${epi[@]}" --json "$out/episode.json"
+"$py" benchmarks/gpu_report.py "$out" --doc "$doc"
