@@ -161,11 +161,10 @@ def _choose(batch: _Batch, banned: torch.Tensor) -> tuple[list[int], list[float]
 
 
 def _choose_row(logits: torch.Tensor, greedy: int, job: _Job) -> tuple[int, float]:
+    """One row's token (`greedy` is its argmax) and log π_τ of it; BackendError when its
+    distribution is not finite (NaN or inf logits)."""
     r = job.request
     lsm = policy_log_softmax(logits, r.temperature)
-    top = float(lsm.max())  # NaN or inf logits make every entry NaN
-    if not math.isfinite(top):
-        raise BackendError(f"the model's next-token distribution is not finite (its top log π is {top})")
     token = greedy
     if not is_greedy(r.temperature):
         probs = lsm.exp().cpu()
@@ -174,7 +173,10 @@ def _choose_row(logits: torch.Tensor, greedy: int, job: _Job) -> tuple[int, floa
             keep = torch.cumsum(sp, 0) - sp < r.top_p
             keep[0] = True  # a top_p below the top token's mass keeps that token
             probs = torch.zeros_like(probs).scatter(0, si[keep], sp[keep])
-        token = int(torch.multinomial(probs, 1, generator=job.generator)[0])
+        try:
+            token = int(torch.multinomial(probs, 1, generator=job.generator)[0])
+        except RuntimeError as e:  # "probability tensor contains either inf, nan or element < 0"
+            raise BackendError(f"the model's next-token distribution is not finite ({e})") from None
     lp = float(lsm[token])
     if not math.isfinite(lp):
         raise BackendError(f"the model's next-token distribution is not finite (log π of token {token} is {lp})")
