@@ -42,6 +42,7 @@ import torch
 
 from paravt.backends.base import BackendError, Completion, GenerateRequest, RequestRejected
 from paravt.chat import Rendered, Renderer
+from paravt.backends.static_decode import StaticDecoder
 from paravt.policy import is_greedy, model_inputs, policy_log_softmax, sequence_logprobs
 
 __all__ = ["HFBackend", "IncrementalText", "Rendered", "Renderer", "default_decode_threads", "model_inputs",
@@ -80,6 +81,41 @@ class _Batch:
     attention: torch.Tensor  # (B, L) long
     positions: torch.Tensor  # (B,) long
     logits: torch.Tensor  # (B, vocab) float32
+
+
+@dataclass
+class _SlotBatch:
+    """The rows being decoded on the static path (`static_decode.StaticDecoder`): their jobs, the
+    cache slot of each, each row's next position and the logits of its next token."""
+
+    jobs: list[_Job]
+    decoder: "StaticDecoder"
+    slots: list[int]
+    positions: torch.Tensor  # (B,) long
+    logits: torch.Tensor  # (B, vocab) float32
+
+    @classmethod
+    def join(cls, batch: "_SlotBatch | None", fresh: _Batch, decoder: "StaticDecoder") -> "_SlotBatch":
+        """`batch` with the prefilled rows of `fresh` copied into free slots."""
+        slots = decoder.admit([(layer.keys, layer.values) for layer in fresh.cache.layers], fresh.attention)
+        if batch is None:
+            return cls(fresh.jobs, decoder, slots, fresh.positions, fresh.logits)
+        return cls(batch.jobs + fresh.jobs, decoder, batch.slots + slots, torch.cat([batch.positions, fresh.positions]),
+                   torch.cat([batch.logits, fresh.logits]))
+
+    def select(self, keep: list[int]) -> "_SlotBatch | None":
+        gone = [s for i, s in enumerate(self.slots) if i not in set(keep)]
+        self.decoder.release(gone)
+        if not keep:
+            return None
+        idx = torch.tensor(keep, device=self.positions.device)
+        return _SlotBatch([self.jobs[i] for i in keep], self.decoder, [self.slots[i] for i in keep],
+                          self.positions.index_select(0, idx), self.logits.index_select(0, idx))
+
+    def decode(self) -> "_SlotBatch":
+        self.logits = self.decoder.step(self.slots, [job.tokens[-1] for job in self.jobs], self.positions)
+        self.positions = self.positions + 1
+        return self
 
 
 def _map_cache(cache, fn) -> None:
@@ -138,7 +174,7 @@ def _select(batch: _Batch, keep: list[int]) -> _Batch | None:
                   batch.positions.index_select(0, idx), batch.logits.index_select(0, idx))
 
 
-def _choose(batch: _Batch, banned: torch.Tensor) -> tuple[list[int], list[float], dict[int, Exception]]:
+def _choose(batch: "_Batch | _SlotBatch", banned: torch.Tensor) -> tuple[list[int], list[float], dict[int, Exception]]:
     """One token per row: greedy at a temperature below GREEDY_BELOW, else sampled from π_τ
     (softmax(logits / T) without the vision placeholders, top-p truncated, always keeping the top
     token) with the row's own seeded generator (so a seeded request gives the same tokens alone or
@@ -198,8 +234,8 @@ def _finished(job: _Job, token: int, renderer: Renderer, max_model_len: int) -> 
     return False
 
 
-def _advance(renderer: Renderer, batch: _Batch, banned: torch.Tensor, max_model_len: int
-             ) -> tuple[_Batch | None, list[_Job], list[tuple[_Job, Exception]]]:
+def _advance(renderer: Renderer, batch: "_Batch | _SlotBatch", banned: torch.Tensor, max_model_len: int
+             ) -> tuple["_Batch | _SlotBatch | None", list[_Job], list[tuple[_Job, Exception]]]:
     """Choose each row's next token and let finished rows go. Returns the rows that go on (their
     tokens chosen, not yet fed), the jobs that finished, and the jobs that failed, each alone."""
     tokens, lps, errors = _choose(batch, banned)
@@ -219,7 +255,7 @@ def _advance(renderer: Renderer, batch: _Batch, banned: torch.Tensor, max_model_
                 keep.append(j)
         except Exception as e:  # noqa: BLE001 - a row's own bookkeeping (stop strings, streaming) fails it alone
             failed.append((job, e))
-    return _select(batch, keep), done, failed
+    return (_select(batch, keep) if isinstance(batch, _Batch) else batch.select(keep)), done, failed
 
 
 def _decode(model, batch: _Batch) -> _Batch:
@@ -306,12 +342,16 @@ class HFBackend:
     idle, how long it waits after a first request for others to join the same prefill.
     decode_threads: torch threads for the decode steps; None = `default_decode_threads` (1 for
     small models on CPU); prefills keep torch's setting. max_model_len: prompt + max_new_tokens
-    limit (default: the model's max_position_embeddings)."""
+    limit (default: the model's max_position_embeddings). decode: "eager" (a DynamicCache, each step
+    the whole model's forward), "static" (`static_decode`: a static cache in slots through the text
+    decoder), "static-compiled" (the same, each step a CUDA graph), or "auto": static-compiled on a
+    GPU, eager on a CPU."""
 
     name = "hf"
 
     def __init__(self, model, processor, *, max_batch: int = 16, batch_wait_ms: float = 5.0,
-                 device: str | None = None, decode_threads: int | None = None, max_model_len: int | None = None):
+                 device: str | None = None, decode_threads: int | None = None, max_model_len: int | None = None,
+                 decode: str = "auto"):
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         if device is not None:
@@ -327,6 +367,11 @@ class HFBackend:
         self.max_model_len = int(max_model_len or limit)
         if self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        self.decode = _decode_mode(decode, model)
+        self._static: StaticDecoder | None = None
+        if self.decode != "eager":
+            self._static = StaticDecoder(model, slots=max_batch, cap=self.max_model_len,
+                                         compile=self.decode == "static-compiled")
         self._banned: torch.Tensor | None = None
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -507,7 +552,7 @@ class HFBackend:
                     torch.set_num_threads(base_threads)
                     fresh = self._prefill_rows(new)
                     if fresh is not None:
-                        batch = _merge(batch, fresh)
+                        batch = self._join(batch, fresh)
                     self.batches_run += 1
                     self.batch_sizes.append(len(new))
                 if batch is None:
@@ -531,17 +576,42 @@ class HFBackend:
             finally:
                 torch.set_num_threads(base_threads)
 
-    def _decode_or_rebuild(self, batch: _Batch) -> _Batch | None:
+    def _join(self, batch, fresh: _Batch):
+        """The running batch with newly prefilled rows: merged caches (eager) or copied into slots."""
+        if self._static is None:
+            return _merge(batch, fresh)
+        return _SlotBatch.join(batch, fresh, self._static)
+
+    def _decode_or_rebuild(self, batch):
         """One decode step; if the batched forward fails, the rows are rebuilt one by one from their
         prompt and the tokens they have so far (a recompute, as vLLM's preemption does), so a row
         that breaks the step fails alone and the others go on from where they were."""
         try:
             with torch.no_grad():
-                return _decode(self.model, batch)
+                return _decode(self.model, batch) if isinstance(batch, _Batch) else batch.decode()
         except Exception:  # noqa: BLE001 - each row gets its own verdict below
-            return self._prefill_rows(batch.jobs, resume=True)
+            if isinstance(batch, _SlotBatch):
+                batch.decoder.release(batch.slots)
+            rebuilt = self._prefill_rows(batch.jobs, resume=True)
+            return None if rebuilt is None else self._join(None, rebuilt)
 
 
 def _failure(e: BaseException) -> BackendError:
     """The error a failed row's caller gets: a BackendError as raised, anything else named."""
     return e if isinstance(e, BackendError) else BackendError(f"hf generation failed: {type(e).__name__}: {e}")
+
+
+DECODE_MODES = ("auto", "eager", "static", "static-compiled")
+
+
+def _decode_mode(decode: str, model) -> str:
+    """The decode path to use (see HFBackend): auto is static-compiled on a GPU with sdpa attention
+    (the static path builds sdpa's boolean mask), eager elsewhere."""
+    if decode not in DECODE_MODES:
+        raise ValueError(f"decode must be one of {', '.join(DECODE_MODES)}, got {decode!r}")
+    attn = getattr(model.config.get_text_config(), "_attn_implementation", None)
+    if decode == "auto":
+        return "static-compiled" if model.device.type == "cuda" and attn == "sdpa" else "eager"
+    if decode != "eager" and attn != "sdpa":
+        raise ValueError(f"decode={decode} needs sdpa attention; the model uses {attn}")
+    return decode

@@ -1,0 +1,186 @@
+"""The hf backend's decode step for the GPU: a static KV cache in slots, the model's own text decoder
+and lm_head, shapes fixed per cache-length bucket so that each bucket's step is one CUDA graph.
+
+Why: at Qwen3-VL-8B's shape an eager decode step issues ~2,300 kernel launches (the GPU busy ~5 % of
+the step) and a DynamicCache grows by concatenation; gpt-fast showed that a static cache and a
+captured step reach most of the memory bandwidth in plain PyTorch. The prefill stays the model's own
+forward (vision tower, DeepStack, M-RoPE); only decode steps run here, through
+`model.model.language_model` and `model.lm_head` (no restated model math).
+
+Layout: the cache holds `slots` rows of `length` columns, and every row writes its next token at the
+same column `w` (transformers' StaticCache write pointer, shared by the batch). A row's tokens end at
+w - 1 and begin where its prompt began; earlier columns are masked. Rotary embeddings are applied
+before a key is cached, so where a key sits does not matter, only the mask: a joining row's prefill
+K/V (from the model's DynamicCache) is copied into its slot to end at w, moving every row right
+first when its prompt is longer than w; when w reaches the end, the columns no row uses are cut
+(rows move left), else the cache grows to the next bucket (a new graph). The attention mask is built
+here as a 4-D boolean mask (sdpa), which transformers uses as given.
+
+Rows join and leave between steps as in the eager path (hf.py keeps the batch bookkeeping). On CPU
+the eager DynamicCache path stays the default (`HFBackend(decode="auto")`): a static cache only adds
+work there (masked columns, copies), and there is no launch overhead to save.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+
+import torch
+
+MIN_LENGTH = 256  # the smallest cache-length bucket; buckets double from here
+
+
+def bucket(n: int, cap: int) -> int:
+    """The cache length for `n` columns: the next power of two from MIN_LENGTH, at most `cap`."""
+    length = MIN_LENGTH
+    while length < n:
+        length *= 2
+    return min(length, max(cap, n))
+
+
+@dataclass
+class StaticDecoder:
+    """The static cache of one HFBackend and its compiled step per length bucket."""
+
+    model: object
+    slots: int
+    cap: int  # the model's context: no bucket is longer
+    compile: bool = False
+    cache: object = None  # transformers.StaticCache
+    length: int = 0
+    mask: torch.Tensor | None = None  # (slots, length) bool: which columns each slot attends to
+    w: int = 0  # the column every row writes its next token to
+    free: list[int] = field(default_factory=list)
+    _steps: dict = field(default_factory=dict)  # length -> step function (compiled on CUDA)
+    _warm: set = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.free = list(range(self.slots))
+        text = self.model.model.language_model
+        self._cache_kw = "cache" if "cache" in inspect.signature(text.forward).parameters else "past_key_values"
+
+    # ---- the cache
+
+    def _allocate(self, length: int) -> None:
+        """A new cache of `length` columns, the current one's contents copied in (left-aligned)."""
+        from transformers import StaticCache
+
+        cfg = self.model.config.get_text_config()
+        cache = StaticCache(config=cfg, max_cache_len=length)
+        dev = self.model.device
+        dtype = next(self.model.model.language_model.parameters()).dtype
+        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        cache.early_initialization(self.slots, heads, head_dim, dtype, dev)
+        mask = torch.zeros((self.slots, length), dtype=torch.bool, device=dev)
+        if self.cache is not None:
+            n = min(self.length, length)
+            for new, old in zip(cache.layers, self.cache.layers):
+                new.keys[:, :, :n].copy_(old.keys[:, :, :n])
+                new.values[:, :, :n].copy_(old.values[:, :, :n])
+            mask[:, :n] = self.mask[:, :n]
+        self.cache, self.length, self.mask = cache, length, mask
+
+    def _shift(self, d: int) -> None:
+        """Move every row's columns by `d` (right when > 0, left when < 0); `w` moves with them."""
+        if d == 0:
+            return
+        for layer in self.cache.layers:
+            for t in (layer.keys, layer.values):
+                if d > 0:
+                    t[:, :, d:].copy_(t[:, :, :-d].clone())
+                    t[:, :, :d].zero_()
+                else:
+                    t[:, :, :d].copy_(t[:, :, -d:].clone())
+        if d > 0:
+            self.mask[:, d:] = self.mask[:, :-d].clone()
+            self.mask[:, :d] = False
+        else:
+            self.mask[:, :d] = self.mask[:, -d:].clone()
+            self.mask[:, d:] = False
+        self.w += d
+
+    def _room(self, need_w: int) -> None:
+        """Make `w` at least `need_w` and leave column `w` writable: shift, compact, or grow."""
+        if self.cache is None:
+            self._allocate(bucket(need_w + 1, self.cap))
+            self.w = need_w
+            return
+        if self.w < need_w:
+            if need_w >= self.length:
+                self._allocate(bucket(need_w + 1, self.cap))
+            self._shift(need_w - self.w)
+        if self.w >= self.length:
+            used = self.mask[:, : self.w].any(dim=0).nonzero()
+            first = int(used[0]) if used.numel() else self.w
+            self._shift(-first)
+        if self.w >= self.length:
+            if self.length >= self.cap:
+                raise RuntimeError(f"the static cache is full at the model's context of {self.cap} tokens")
+            self._allocate(bucket(self.w + 1, self.cap))
+
+    # ---- rows
+
+    def admit(self, keys_values: list[tuple[torch.Tensor, torch.Tensor]], attention: torch.Tensor) -> list[int]:
+        """Copy a prefill's rows into free slots (their K/V per layer, (n, H, Lp, D), left-padded as
+        `attention` (n, Lp) says); returns each row's slot."""
+        n, width = attention.shape
+        if n > len(self.free):
+            raise RuntimeError(f"{n} rows joining, {len(self.free)} slots free")
+        self._room(width)
+        slots = [self.free.pop(0) for _ in range(n)]
+        idx = torch.tensor(slots, device=self.mask.device)
+        lo = self.w - width
+        for layer, (k, v) in zip(self.cache.layers, keys_values):
+            layer.keys[idx, :, :lo] = 0
+            layer.values[idx, :, :lo] = 0
+            layer.keys[idx, :, lo:self.w] = k.to(layer.keys.dtype)
+            layer.values[idx, :, lo:self.w] = v.to(layer.values.dtype)
+        self.mask[idx] = False
+        self.mask[idx, lo:self.w] = attention.to(self.mask.device).bool()
+        return slots
+
+    def release(self, slots: list[int]) -> None:
+        for s in slots:
+            self.mask[s] = False
+            self.free.append(s)
+        self.free.sort()
+        if len(self.free) == self.slots:  # nothing in flight: start the next batch at the left again
+            self.w = 0
+
+    # ---- the step
+
+    def step(self, slots: list[int], tokens: list[int], positions: torch.Tensor) -> torch.Tensor:
+        """Feed each slot its token (at its M-RoPE text position) and return the rows' next-token
+        logits (len(slots), vocab) float32. The other slots compute on a token that only sees itself."""
+        self._room(self.w)
+        dev = self.mask.device
+        idx = torch.tensor(slots, device=dev)
+        ids = torch.zeros((self.slots, 1), dtype=torch.long, device=dev)
+        ids[idx, 0] = torch.tensor(tokens, device=dev)
+        pos = torch.zeros((self.slots,), dtype=torch.long, device=dev)
+        pos[idx] = positions.to(dev)
+        self.mask[:, self.w] = True  # each slot sees the token it writes now
+        for layer in self.cache.layers:
+            layer.cumulative_length.fill_(self.w)
+        mask = self.mask.view(self.slots, 1, 1, self.length)
+        logits = self._step_fn()(ids, pos.view(1, self.slots, 1).expand(3, self.slots, 1), mask)
+        self.w += 1
+        return logits.index_select(0, idx).float()
+
+    def _step_fn(self):
+        """The step for the current bucket: eager the first time (it initialises what the graph
+        reads), then compiled (reduce-overhead: CUDA graphs) when `compile`."""
+        if self.length not in self._warm:
+            self._warm.add(self.length)
+            return self._forward
+        if self.compile and self.length not in self._steps:
+            self._steps[self.length] = torch.compile(self._forward, mode="reduce-overhead", dynamic=False)
+        return self._steps.get(self.length, self._forward)
+
+    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        text = self.model.model.language_model
+        out = text(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                   **{self._cache_kw: self.cache})
+        return self.model.lm_head(out.last_hidden_state[:, -1, :])

@@ -1,0 +1,75 @@
+"""The static-cache decode path (`paravt.backends.static_decode`, the GPU's) gives the tokens of the
+eager DynamicCache path: greedy and seeded sampling token for token, logprobs within 1e-5, on the
+tiny model in fp32 on CPU, while rows join and leave between steps, a later prompt longer than the
+running rows moves them right, and generation runs past a cache bucket (compaction, then growth)."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from paravt import protocol as P
+from paravt.backends.base import GenerateRequest, ImagePart, Message, TextPart
+from paravt.backends.hf import HFBackend
+from paravt.backends.static_decode import MIN_LENGTH, bucket
+from paravt.models.tiny import build_tiny
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build_tiny(seed=0)
+
+
+def request(i: int, frames: int, new: int) -> GenerateRequest:
+    rng = np.random.default_rng(i)
+    parts = []
+    for f in range(frames):
+        parts += [TextPart(P.timestamp_text(f * 2.0)), ImagePart(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8))]
+    parts.append(TextPart("What happens? " * (1 + i % 3)))
+    return GenerateRequest([Message("system", P.system_prompt("parallel")), Message("user", parts)],
+                           max_new_tokens=new, temperature=0.0 if i % 2 == 0 else 0.7, seed=i, prefix=P.THINK_PREFIX)
+
+
+def test_buckets():
+    assert bucket(1, 10_000) == MIN_LENGTH and bucket(MIN_LENGTH + 1, 10_000) == 2 * MIN_LENGTH
+    assert bucket(3000, 2048) == 3000 and bucket(700, 600) == 700  # never below what is needed
+
+
+@pytest.mark.parametrize("max_batch", [3, 8])
+def test_static_decode_gives_the_eager_tokens_while_rows_join_and_leave(tiny, max_batch, monkeypatch):
+    import paravt.backends.static_decode as sd
+
+    monkeypatch.setattr(sd, "MIN_LENGTH", 32)  # small buckets: the rows below cross several (grow, compact)
+    model, processor = tiny
+    # short and long prompts and generations; the 6-frame prompt joins after shorter ones started
+    reqs = [request(0, 1, 20), request(1, 2, 70), request(2, 1, 8), request(3, 6, 30), request(4, 1, 60),
+            request(5, 3, 12)]
+    eager = HFBackend(model, processor, decode="eager")
+    eager.renderer.stop_ids = set()  # full length: the long rows really run past the bucket
+    alone = [eager.generate_sync([r])[0] for r in reqs]
+    static = HFBackend(model, processor, decode="static", max_batch=max_batch, batch_wait_ms=20)
+    static.renderer.stop_ids = set()
+
+    async def staggered():
+        tasks = []
+        for i, r in enumerate(reqs):
+            tasks.append(asyncio.ensure_future(static.generate([r])))
+            await asyncio.sleep(0.05 * (i % 3))
+        return [t[0] for t in await asyncio.gather(*tasks)]
+
+    got = asyncio.run(staggered())
+    for a, b in zip(alone, got):
+        assert b.token_ids == a.token_ids
+        np.testing.assert_allclose(b.logprobs, a.logprobs, atol=1e-5)
+    assert len(static.batch_sizes) > 1  # rows joined a running batch
+    dec = static._static
+    first = sd.bucket(max(len(a.prompt_ids) for a in alone[:max_batch]) + 1, dec.cap)
+    assert dec.length > first  # grown past the bucket it started in
+    assert sorted(dec.free) == list(range(max_batch))  # every slot given back
+
+
+def test_decode_modes_are_checked(tiny):
+    model, processor = tiny
+    assert HFBackend(model, processor).decode == "eager"  # auto on CPU
+    with pytest.raises(ValueError, match="decode must be one of"):
+        HFBackend(model, processor, decode="fast")
