@@ -12,10 +12,13 @@ from paravt.backends.hf import Renderer
 from paravt.models import load_model
 from paravt.train.grpo import GRPOConfig, ppo_loss, update_policy
 from paravt.train.engine import init_engine
-from paravt.train.sequences import (TrainSequence, collate, pack, pack_groups, per_sequence, plan_micro_batches,
-                                    sequence_rows, token_logprobs)
+from paravt.train.sequences import (VARLEN_SDPA, TrainSequence, collate, pack, pack_groups, per_sequence,
+                                    plan_micro_batches, sequence_rows, token_logprobs, varlen_attention)
 
 TAU = 0.7
+# the trainer's packed attention on a CPU (per-sequence sdpa), and transformers' own packed path
+# (sdpa with the block-diagonal mask it builds from the positions)
+IMPLS = [VARLEN_SDPA, "sdpa"]
 
 
 @pytest.fixture(scope="module")
@@ -66,11 +69,13 @@ def _padded_rows(model, r, seqs, **kw):
     return lps, ents
 
 
-def test_packed_logprobs_equal_one_sequence_at_a_time(tiny, seqs):
+@pytest.mark.parametrize("impl", IMPLS)
+def test_packed_logprobs_equal_one_sequence_at_a_time(tiny, seqs, impl):
     model, processor = tiny
     r = Renderer(processor)
     with torch.no_grad():
         want, want_ent = _padded_rows(model, r, seqs, with_entropy=True, temperature=TAU, banned=r.banned_ids)
+    with torch.no_grad(), varlen_attention(model, impl=impl):
         for chunk in (1024, 4):  # several chunks of positions: the same numbers
             b = pack(model, r, seqs, chunk=chunk)
             assert b.inputs["input_ids"].shape == (1, sum(len(s.ids) for s in seqs))  # one row, no padding
@@ -84,11 +89,12 @@ def test_packed_logprobs_equal_one_sequence_at_a_time(tiny, seqs):
                 assert np.allclose([ge[p] for p in on], [we[p] for p in on], atol=1e-5, rtol=0)
 
 
-def test_attention_never_crosses_sequences(tiny, seqs):
+@pytest.mark.parametrize("impl", IMPLS)
+def test_attention_never_crosses_sequences(tiny, seqs, impl):
     """A sequence's logprobs do not depend on what it is packed with (nor on its place)."""
     model, processor = tiny
     r = Renderer(processor)
-    with torch.no_grad():
+    with torch.no_grad(), varlen_attention(model, impl=impl):
         alone = sequence_rows([seqs[1]], b := pack(model, r, [seqs[1]]), token_logprobs(model, b)[0])[0]
         order = [seqs[3], seqs[1], seqs[0]]
         b = pack(model, r, order)
@@ -100,7 +106,8 @@ def _grads(model):
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def test_packed_loss_and_gradients_equal_one_sequence_at_a_time(tiny, seqs):
+@pytest.mark.parametrize("impl", IMPLS)
+def test_packed_loss_and_gradients_equal_one_sequence_at_a_time(tiny, seqs, impl):
     model, processor = tiny
     r = Renderer(processor)
     n_tok = sum(s.n_trained for s in seqs)
@@ -114,11 +121,13 @@ def test_packed_loss_and_gradients_equal_one_sequence_at_a_time(tiny, seqs):
             ref = lp.detach() - 0.05  # a reference nearby: the k3 KL term's gradient too
             loss, _ = ppo_loss(lp, b.old_logprobs, b.advantages, b.mask, n_tok, 0.2, ref, 0.1)
             loss.backward()
-            total += float(loss)
+            total += float(loss.detach())
         return total, _grads(model)
 
     padded_loss, padded = run([collate(model, r, [s]) for s in seqs])
-    packed_loss, packed = run([pack(model, r, g, chunk=5) for g in pack_groups(seqs, 10_000)])
+    with varlen_attention(model, impl=impl):  # the backward too
+        packed_loss, packed = run([pack(model, r, g, chunk=5) for g in pack_groups(seqs, 10_000)])
+    assert model.config.text_config._attn_implementation == "sdpa"  # restored
     model.zero_grad(set_to_none=True)
     assert packed_loss == pytest.approx(padded_loss, rel=1e-5, abs=1e-6)
     assert padded.keys() == packed.keys() and any("visual" in n for n in packed)  # the vision tower trains too
@@ -157,3 +166,11 @@ def test_update_policy_packed_equals_padded(tiny_dir, seqs):
     for k in ("loss", "pg_loss", "clip_frac", "ratio_mean", "entropy", "grad_norm", "logprob_drift"):
         assert out[True][k] == pytest.approx(out[False][k], rel=1e-4, abs=1e-6), k
     assert out[True]["trained_tokens"] == out[False]["trained_tokens"]
+
+
+def test_packed_passes_use_a_varlen_attention_and_restore_the_model_after(tiny):
+    model, _ = tiny
+    with varlen_attention(model) as impl:  # no flash-attn on a CPU: sdpa per packed sequence
+        assert impl == VARLEN_SDPA and model.config.text_config._attn_implementation == VARLEN_SDPA
+        assert model.config.vision_config._attn_implementation == "sdpa"  # the vision tower already goes per image
+    assert model.config.text_config._attn_implementation == "sdpa"

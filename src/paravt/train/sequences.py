@@ -435,7 +435,7 @@ def packed_token_logprobs(model, batch: Batch, with_entropy: bool = False, tempe
     with _head_computes_logprobs(model, batch.targets, temperature, banned, batch.chunk, with_entropy):
         out = model(**batch.inputs, use_cache=False, logits_to_keep=batch.rows)
     both = out.logits[0]
-    return both[:, 0], (both[:, 1] if with_entropy else None)
+    return both[:, 0], (both[:, 1].detach() if with_entropy else None)
 
 
 def sequence_rows(seqs: list[TrainSequence], batch: Batch, values: torch.Tensor) -> list[list[float]]:
@@ -453,26 +453,68 @@ def sequence_rows(seqs: list[TrainSequence], batch: Batch, values: torch.Tensor)
     return out
 
 
-@contextmanager
-def varlen_attention(*models) -> Iterator[str]:
-    """Around packed passes (forward AND backward: checkpointed layers recompute their attention):
-    flash-attention's varlen kernel where it is installed and the model is on a GPU, else the
-    model's own implementation (sdpa with transformers' block-diagonal packed mask). Yields the
-    implementation used."""
+VARLEN_SDPA = "paravt_varlen_sdpa"  # registered with transformers' AttentionInterface on first use
+
+
+def _varlen_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask, dropout: float = 0.0,
+                 scaling: float | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """flash_attn_varlen_func's job done with torch's sdpa: causal attention inside each packed
+    sequence (a sequence starts where the text positions restart at 0), none across, and no
+    (T, T) mask, nor the work of its masked-out blocks, that the sdpa path's block-diagonal mask
+    costs. For CPUs and GPUs without flash-attn. Anything but one packed row: plain sdpa."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    pos = kwargs.pop("position_ids", None)
+    if pos is None or query.shape[0] != 1 or attention_mask is not None or query.shape[2] != key.shape[2]:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    t = query.shape[2]
+    starts = (pos.reshape(-1)[:t] == 0).nonzero().flatten().tolist()
+    if not starts or starts[0] != 0:
+        starts = [0] + starts
+    outs = [sdpa_attention_forward(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, dropout=dropout,
+                                   scaling=scaling, **kwargs)[0] for a, b in zip(starts, starts[1:] + [t])]
+    return torch.cat(outs, 1), None
+
+
+def _register_varlen_sdpa() -> None:
+    from transformers import AttentionInterface
+
+    if VARLEN_SDPA not in AttentionInterface._global_mapping:
+        AttentionInterface.register(VARLEN_SDPA, _varlen_sdpa)
+
+
+def packed_attention(model) -> str:
+    """The text attention for packed passes: flash-attention's varlen kernel (flash_attention_2)
+    where flash-attn is installed and the model is on a GPU, else `_varlen_sdpa`."""
     import importlib.util
 
+    on_gpu = next(_unwrapped(model).parameters()).device.type == "cuda"
+    if on_gpu and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return VARLEN_SDPA
+
+
+@contextmanager
+def varlen_attention(*models, impl: str | None = None) -> Iterator[str]:
+    """Around packed passes (forward AND backward: checkpointed layers recompute their attention):
+    the text model's attention set to `impl` (default `packed_attention`), restored after; the
+    vision tower keeps its own (it already attends per image). impl "sdpa": transformers' own
+    packed-sequence path, a block-diagonal mask from the positions. Yields the implementation."""
     bases = [_unwrapped(m) for m in models if m is not None]
-    want = None
-    if bases and importlib.util.find_spec("flash_attn") is not None \
-            and next(bases[0].parameters()).device.type == "cuda":
-        want = "flash_attention_2"
-    before = [b.config._attn_implementation for b in bases]
-    if want:
-        for b in bases:
-            b.set_attn_implementation(want)
+    if not bases:
+        yield impl or VARLEN_SDPA
+        return
+    impl = impl or packed_attention(bases[0])
+    if impl == VARLEN_SDPA:
+        _register_varlen_sdpa()
+    before = [b.config.text_config._attn_implementation for b in bases]
+    for b, was in zip(bases, before):
+        if was != impl:
+            b.set_attn_implementation({"text_config": impl})
     try:
-        yield want or (before[0] if before else "sdpa")
+        yield impl
     finally:
-        if want:
-            for b, was in zip(bases, before):
-                b.set_attn_implementation(was)
+        for b, was in zip(bases, before):
+            if b.config.text_config._attn_implementation != was:
+                b.set_attn_implementation({"text_config": was})
