@@ -484,19 +484,22 @@ def _register_varlen_sdpa() -> None:
         AttentionInterface.register(VARLEN_SDPA, _varlen_sdpa)
 
 
-def packed_attention(model) -> str:
+def packed_attention(model, bf16_compute: bool = False) -> str:
     """The text attention for packed passes: flash-attention's varlen kernel (flash_attention_2)
-    where flash-attn is installed and the model is on a GPU, else `_varlen_sdpa`."""
+    where flash-attn is installed, the model is on a GPU and computes in 16 bits (its weights, or
+    `bf16_compute`: autocast / FSDP's mixed precision over fp32 weights; flash-attn has no fp32
+    kernel), else `_varlen_sdpa`."""
     import importlib.util
 
-    on_gpu = next(_unwrapped(model).parameters()).device.type == "cuda"
-    if on_gpu and importlib.util.find_spec("flash_attn") is not None:
+    p = next(_unwrapped(model).parameters())
+    half = bf16_compute or p.dtype in (torch.bfloat16, torch.float16)
+    if p.device.type == "cuda" and half and importlib.util.find_spec("flash_attn") is not None:
         return "flash_attention_2"
     return VARLEN_SDPA
 
 
 @contextmanager
-def varlen_attention(*models, impl: str | None = None) -> Iterator[str]:
+def varlen_attention(*models, impl: str | None = None, bf16_compute: bool = False) -> Iterator[str]:
     """Around packed passes (forward AND backward: checkpointed layers recompute their attention):
     the text model's attention set to `impl` (default `packed_attention`), restored after; the
     vision tower keeps its own (it already attends per image). impl "sdpa": transformers' own
@@ -505,7 +508,7 @@ def varlen_attention(*models, impl: str | None = None) -> Iterator[str]:
     if not bases:
         yield impl or VARLEN_SDPA
         return
-    impl = impl or packed_attention(bases[0])
+    impl = impl or packed_attention(bases[0], bf16_compute)
     if impl == VARLEN_SDPA:
         _register_varlen_sdpa()
     before = [b.config.text_config._attn_implementation for b in bases]

@@ -286,7 +286,7 @@ def backward_micro_batches(engine, model, base, renderer, groups: list, n_tok: i
 
     n = engine.all_max(len(groups))
     total = 0.0
-    with varlen_attention(model) if packing else nullcontext():
+    with varlen_attention(model, bf16_compute=engine.mixed_precision == "bf16") if packing else nullcontext():
         for gi in range(n):
             real = gi < len(groups)
             batch = make_batch(base, renderer, groups[gi if real else 0], packing, chunk=chunk)

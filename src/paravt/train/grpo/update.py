@@ -31,7 +31,8 @@ def reference_logprobs(engine, ref, base, renderer, seqs: list[TrainSequence], c
 
     groups = plan_micro_batches(seqs, cfg.packing, cfg.micro_batch_size, cfg.token_budget)
     n = engine.all_max(len(groups))
-    with torch.no_grad(), varlen_attention(ref) if cfg.packing else nullcontext():
+    with torch.no_grad(), varlen_attention(ref, bf16_compute=engine.mixed_precision == "bf16") if cfg.packing \
+            else nullcontext():
         for gi in range(n):
             real = gi < len(groups)
             group = groups[gi if real else 0]
@@ -84,7 +85,8 @@ def _surrogate(cfg: GRPOConfig, model, ref, renderer, decoupled: bool, totals: _
                                    banned=renderer.banned_ids)
         ref_logp = None
         if kl_in_loss:
-            with torch.no_grad(), varlen_attention(ref) if batch.rows is not None else nullcontext():
+            with torch.no_grad(), varlen_attention(ref, bf16_compute=cfg.mixed_precision == "bf16") \
+                    if batch.rows is not None else nullcontext():
                 ref_logp, _ = token_logprobs(ref, batch, temperature=cfg.temperature, banned=renderer.banned_ids)
         prox = batch.prox_logprobs
         if decoupled and prox is None:
