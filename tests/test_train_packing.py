@@ -174,3 +174,15 @@ def test_packed_passes_use_a_varlen_attention_and_restore_the_model_after(tiny):
         assert impl == VARLEN_SDPA and model.config.text_config._attn_implementation == VARLEN_SDPA
         assert model.config.vision_config._attn_implementation == "sdpa"  # the vision tower already goes per image
     assert model.config.text_config._attn_implementation == "sdpa"
+
+
+def test_checkpoint_every_checkpoints_every_nth_layer_only():
+    from paravt.models.tiny import build_tiny
+
+    def checkpointed(n: int) -> list[bool]:
+        model, _ = build_tiny(seed=0)
+        model = init_engine("single", "cpu", activation_checkpointing=True, checkpoint_every=n).prepare(model)
+        return [m.gradient_checkpointing for m in model.model.language_model.layers]
+
+    assert checkpointed(1) == [True] * 4
+    assert checkpointed(2) == [True, False, True, False]
