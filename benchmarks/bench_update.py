@@ -155,6 +155,8 @@ def main() -> None:
     ap.add_argument("--logprob-chunk", type=int, default=1024)
     ap.add_argument("--checkpoint-every", type=int, default=1)
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--vocab", type=int, default=0,
+                    help="tiny arch: resize the vocabulary to this (151936: Qwen's), to see the output head's memory")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -185,10 +187,14 @@ def main() -> None:
         if args.arch == "8b":
             return build_8b_random(device=build_on, dtype=dtype)
         m, p = build_tiny(seed=0)
+        if args.vocab:
+            torch.manual_seed(0)
+            m.resize_token_embeddings(args.vocab, mean_resizing=False)
         return m.to(device=build_on, dtype=dtype), p
 
     model, processor = build()
     n_params = sum(p.numel() for p in model.parameters())
+    base_vocab = model.get_output_embeddings().weight.shape[0]
     model.train()
     model = engine.prepare(model)
     ref, _ = build()
@@ -212,7 +218,7 @@ def main() -> None:
     tokens = engine.all_sum(sum(len(s.ids) for s in mine))
     per_token = (6 + 2 + (2 if cfg.activation_checkpointing else 0)) * n_params
     mfu = tokens * per_token / wall / (args.peak_tflops * 1e12 * engine.world)
-    row = {"arch": args.arch, "packing": cfg.packing, "token_budget": cfg.token_budget if cfg.packing else None,
+    row = {"arch": args.arch, "vocab": base_vocab, "packing": cfg.packing, "token_budget": cfg.token_budget if cfg.packing else None,
            "micro_batch_size": None if cfg.packing else cfg.micro_batch_size, "forward_passes": passes,
            "threads": torch.get_num_threads(), "params_b": n_params / 1e9, "processes": engine.world, "device": str(engine.device),
            "master_dtype": args.dtype, "cpu_offload": args.cpu_offload,
