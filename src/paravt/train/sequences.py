@@ -288,7 +288,10 @@ def micro_batches(seqs: list[TrainSequence], size: int) -> list[list[TrainSequen
 # same row as position_ids and calls flash_attn_varlen_func with cu_seqlens made from it
 # (modeling_flash_attention_utils._is_packed_sequence / _prepare_from_posids). So each sequence
 # gets row 0 = 0..L-1 and keeps its own M-RoPE rows and frames (the vision tower already attends
-# per image through its own cu_seqlens).
+# per image through its own cu_seqlens). The sdpa path's (T, T) mask costs memory and the work of
+# every masked-out block, so without flash-attn the trainer registers `_varlen_sdpa` (sdpa per
+# sequence; a custom attention gets no mask from create_causal_mask, only the positions) and
+# switches the text model to it around packed passes (`varlen_attention`).
 
 
 def pack_groups(seqs: list[TrainSequence], token_budget: int) -> list[list[TrainSequence]]:
@@ -320,9 +323,9 @@ def plan_micro_batches(seqs: list[TrainSequence], packing: bool, micro_batch_siz
 def pack(base_model, renderer: "Renderer", seqs: list[TrainSequence], device=None,
          chunk: int = 1024) -> Batch:
     """One packed forward batch: the sequences' ids end to end in one row, each with its own
-    M-RoPE positions and frames, no attention mask (transformers makes the block-diagonal one
-    from row 0 of the positions, see above). The targets are the trained tokens only, flat: the
-    hidden state at `Batch.rows[k]` predicts `Batch.targets[k]`."""
+    M-RoPE positions and frames, no attention mask (attention stays inside each sequence by row 0
+    of the positions, see above; run it under `varlen_attention`). The targets are the trained
+    tokens only, flat: the hidden state at `Batch.rows[k]` predicts `Batch.targets[k]`."""
     from paravt.policy import model_inputs
 
     if not seqs:
