@@ -504,9 +504,11 @@ def packed_attention(model, bf16_compute: bool = False) -> str:
 @contextmanager
 def varlen_attention(*models, impl: str | None = None, bf16_compute: bool = False) -> Iterator[str]:
     """Around packed passes (forward AND backward: checkpointed layers recompute their attention):
-    the text model's attention set to `impl` (default `packed_attention`), restored after; the
-    vision tower keeps its own (it already attends per image). impl "sdpa": transformers' own
-    packed-sequence path, a block-diagonal mask from the positions. Yields the implementation."""
+    the text model's attention set to `impl` (default `packed_attention`), restored after. The
+    vision tower attends per image already (its own cu_seqlens): it goes to flash-attention's
+    varlen kernel too when the text does (one call a layer instead of one per image), else keeps
+    its own. impl "sdpa": transformers' own packed path, a block-diagonal mask from the positions.
+    Yields the text implementation."""
     bases = [_unwrapped(m) for m in models if m is not None]
     if not bases:
         yield impl or VARLEN_SDPA
@@ -514,13 +516,16 @@ def varlen_attention(*models, impl: str | None = None, bf16_compute: bool = Fals
     impl = impl or packed_attention(bases[0], bf16_compute)
     if impl == VARLEN_SDPA:
         _register_varlen_sdpa()
-    before = [b.config.text_config._attn_implementation for b in bases]
+    want = {"text_config": impl}
+    if impl.startswith("flash_attention"):
+        want["vision_config"] = impl
+    before = [{k: getattr(b.config, k)._attn_implementation for k in want} for b in bases]
     for b, was in zip(bases, before):
-        if was != impl:
-            b.set_attn_implementation({"text_config": impl})
+        if was != want:
+            b.set_attn_implementation(want)
     try:
         yield impl
     finally:
         for b, was in zip(bases, before):
-            if b.config.text_config._attn_implementation != was:
-                b.set_attn_implementation({"text_config": was})
+            if was != want:
+                b.set_attn_implementation(was)
