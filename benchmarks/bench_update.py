@@ -7,6 +7,7 @@ about; `--arch tiny` runs the same code on a CPU in seconds.
     torchrun --nproc_per_node 8 benchmarks/bench_update.py --arch 8b      # 8 GPUs: the sequences split
     python benchmarks/bench_update.py --arch tiny --device cpu             # the code path, on a CPU
     python benchmarks/bench_update.py --arch tiny --device cpu --packing both   # packed vs padded
+    python benchmarks/bench_update.py --arch tiny --device cpu --packing both --vocab 151936  # Qwen's vocab
 
 The step's sequences are those of `--prompts` x `--rollouts` episodes: each a main trajectory
 (system + tools, K overview frames of 224x224 with timestamps, three generated turns of
@@ -218,14 +219,15 @@ def main() -> None:
     tokens = engine.all_sum(sum(len(s.ids) for s in mine))
     per_token = (6 + 2 + (2 if cfg.activation_checkpointing else 0)) * n_params
     mfu = tokens * per_token / wall / (args.peak_tflops * 1e12 * engine.world)
-    row = {"arch": args.arch, "vocab": base_vocab, "packing": cfg.packing, "token_budget": cfg.token_budget if cfg.packing else None,
+    row = {"arch": args.arch, "vocab": base_vocab, "packing": cfg.packing,
+           "token_budget": cfg.token_budget if cfg.packing else None,
            "micro_batch_size": None if cfg.packing else cfg.micro_batch_size, "forward_passes": passes,
-           "threads": torch.get_num_threads(), "params_b": n_params / 1e9, "processes": engine.world, "device": str(engine.device),
-           "master_dtype": args.dtype, "cpu_offload": args.cpu_offload,
+           "threads": torch.get_num_threads(), "params_b": n_params / 1e9, "processes": engine.world,
+           "device": str(engine.device), "master_dtype": args.dtype, "cpu_offload": args.cpu_offload,
            "activation_checkpointing": cfg.activation_checkpointing, "sequences": len(seqs),
            "main_tokens": len(seqs[0].ids), "tokens": int(tokens), "trained_tokens": metrics["trained_tokens"],
-           "update_s": wall, "tokens_per_s": tokens / wall, "update_cpu_s": cpu, "tokens_per_cpu_s": tokens / cpu, "mfu": mfu if cuda else None,
-           "param_bytes_per_process_gb": param_bytes(model) / 2**30,
+           "update_s": wall, "tokens_per_s": tokens / wall, "update_cpu_s": cpu, "tokens_per_cpu_s": tokens / cpu,
+           "mfu": mfu if cuda else None, "param_bytes_per_process_gb": param_bytes(model) / 2**30,
            "peak_gpu_gb": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
            "peak_rss_gb": None if cuda else rss["gb"], "loss": metrics["loss"]}
     if engine.main:

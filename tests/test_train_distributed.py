@@ -46,7 +46,8 @@ def sft(split: Path, out: Path, nproc: int, engine: str, **over) -> list[dict]:
     # token_budget 1: one row per (packed) pass on one process as on two, the same arithmetic (packing two
     # rows into one pass changes fp32 sums by ulps, which Adam at lr 1e-3 lifts past TOL in 4 steps)
     opts = {**dict(model="tiny", data=split / "sft.parquet", out=out, steps=4, batch_size=2, micro_batch_size=1,
-                   token_budget=1, lr=1e-3, warmup_steps=0, engine=engine, device="cpu", save_every=2, threads=1), **over}
+                   token_budget=1, lr=1e-3, warmup_steps=0, engine=engine, device="cpu", save_every=2, threads=1),
+            **over}
     args = ["-m", "paravt", "train", "sft"] + [x for k, v in opts.items() for x in ("-o", f"{k}={v}")]
     _run(args, nproc, out.parent)
     return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]

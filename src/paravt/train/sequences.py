@@ -459,8 +459,8 @@ def sequence_rows(seqs: list[TrainSequence], batch: Batch, values: torch.Tensor)
 VARLEN_SDPA = "paravt_varlen_sdpa"  # registered with transformers' AttentionInterface on first use
 
 
-def _varlen_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask, dropout: float = 0.0,
-                 scaling: float | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+def _varlen_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask,
+                 dropout: float = 0.0, scaling: float | None = None, **kwargs) -> tuple[torch.Tensor, None]:
     """flash_attn_varlen_func's job done with torch's sdpa: causal attention inside each packed
     sequence (a sequence starts where the text positions restart at 0), none across, and no
     (T, T) mask, nor the work of its masked-out blocks, that the sdpa path's block-diagonal mask
