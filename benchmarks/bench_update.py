@@ -6,13 +6,22 @@ about; `--arch tiny` runs the same code on a CPU in seconds.
     python benchmarks/bench_update.py --arch 8b --cpu-offload --dtype bf16
     torchrun --nproc_per_node 8 benchmarks/bench_update.py --arch 8b      # 8 GPUs: the sequences split
     python benchmarks/bench_update.py --arch tiny --device cpu             # the code path, on a CPU
+    python benchmarks/bench_update.py --arch tiny --device cpu --packing both   # packed vs padded
+    python benchmarks/bench_update.py --arch tiny --device cpu --packing both --vocab 151936  # Qwen's vocab
 
 The step's sequences are those of `--prompts` x `--rollouts` episodes: each a main trajectory
 (system + tools, K overview frames of 224x224 with timestamps, three generated turns of
 `--turn-tokens`, two rounds of five summaries) and `--subs` sub-agent sequences (16 frames, a
 `--sub-tokens` summary), token ids random, frames random pixels. They go through the trainer's own
 `train.grpo.update.update_policy` (PPO-clip, k3 KL to a frozen sharded reference, token-mean over
-processes) with micro-batches of one sequence.
+processes), packed into forward passes of at most `--token-budget` tokens (`--packing on`, the
+trainer's default), or padded, `--micro-batch-size` sequences a pass (`--packing off`, the path
+before packing; 1: no padding, one sequence a pass). `--packing both` runs each in a process of its
+own and prints both rows and their ratio.
+
+Peak memory: on a GPU torch's peak allocated bytes; on a CPU the peak resident set size during the
+update above the one before it (sampled every 5 ms). `update_cpu_s`: the process's CPU time, the
+figure to compare on a CPU shared with other work (wall time there measures the neighbours too).
 
 FLOPs counted per processed token: 6 x parameters (forward and backward of the policy) + 2 x
 parameters (the reference's forward) + 2 x parameters (the recompute of activation checkpointing,
@@ -25,7 +34,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
+import threading
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -72,6 +85,55 @@ def sequences(renderer, args, rng):
     return out
 
 
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@contextmanager
+def peak_rss():
+    """Yields a dict whose "gb" is, on exit, the peak resident set size above the one at entry."""
+    out, stop, base = {"gb": 0.0}, threading.Event(), _rss()
+    peak = [base]
+
+    def sample():
+        while not stop.wait(0.005):
+            peak[0] = max(peak[0], _rss())
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    try:
+        yield out
+    finally:
+        stop.set()
+        t.join()
+        out["gb"] = (max(peak[0], _rss()) - base) / 2**30
+
+
+def compare(argv: list[str]) -> None:
+    """Each mode in a process of its own (a clean peak memory), then the table."""
+    rows = {}
+    for mode in ("off", "on"):
+        args = [a for a in argv]
+        i = args.index("--packing")
+        args[i + 1] = mode
+        res = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True)
+        if res.returncode:
+            sys.exit(res.stderr[-4000:])
+        rows[mode] = json.loads(res.stdout[res.stdout.index("{"):])
+    keys = ("forward_passes", "tokens", "update_s", "tokens_per_s", "update_cpu_s", "tokens_per_cpu_s", "peak_gpu_gb",
+            "peak_rss_gb", "mfu", "loss")
+    print(f"{'':>16} {'padded':>14} {'packed':>14}")
+    for k in keys:
+        a, b = rows["off"].get(k), rows["on"].get(k)
+        if a is None and b is None:
+            continue
+        print(f"{k:>16} {a:>14.6g} {b:>14.6g}")
+    print(f"packed/padded tokens/s: {rows['on']['tokens_per_s'] / rows['off']['tokens_per_s']:.2f}x wall, "
+          f"{rows['on']['tokens_per_cpu_s'] / rows['off']['tokens_per_cpu_s']:.2f}x CPU time")
+    print(json.dumps({"padded": rows["off"], "packed": rows["on"]}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", choices=["8b", "tiny"], default="8b")
@@ -88,9 +150,21 @@ def main() -> None:
     ap.add_argument("--summary-tokens", type=int, default=200)
     ap.add_argument("--subs", type=int, default=5)
     ap.add_argument("--sub-tokens", type=int, default=256)
+    ap.add_argument("--packing", choices=["on", "off", "both"], default="on")
+    ap.add_argument("--token-budget", type=int, default=8192, help="packing on: most tokens per forward pass")
+    ap.add_argument("--micro-batch-size", type=int, default=1, help="packing off: sequences per (padded) pass")
+    ap.add_argument("--logprob-chunk", type=int, default=1024)
+    ap.add_argument("--checkpoint-every", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--vocab", type=int, default=0,
+                    help="tiny arch: resize the vocabulary to this (151936: Qwen's), to see the output head's memory")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.packing == "both":
+        return compare(sys.argv[1:])
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from paravt.backends.hf import Renderer
     from paravt.models.tiny import build_8b_random, build_tiny
@@ -101,9 +175,12 @@ def main() -> None:
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     cfg = GRPOConfig(device="cuda" if cuda else "cpu", engine="fsdp", mixed_precision="bf16" if cuda else "no",
                      dtype=args.dtype, activation_checkpointing=not args.no_activation_checkpointing,
-                     cpu_offload=args.cpu_offload, micro_batch_size=1, lr=2e-6, kl_coef=0.01)
+                     cpu_offload=args.cpu_offload, micro_batch_size=args.micro_batch_size, lr=2e-6, kl_coef=0.01,
+                     packing=args.packing == "on", token_budget=args.token_budget, logprob_chunk=args.logprob_chunk,
+                     checkpoint_every=args.checkpoint_every)
     engine = init_engine(cfg.engine, cfg.device, cfg.mixed_precision,
-                         activation_checkpointing=cfg.activation_checkpointing, cpu_offload=cfg.cpu_offload)
+                         activation_checkpointing=cfg.activation_checkpointing, cpu_offload=cfg.cpu_offload,
+                         checkpoint_every=cfg.checkpoint_every)
     dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
     build_on = "cpu" if (args.cpu_offload or not cuda) else str(engine.device)
 
@@ -111,10 +188,14 @@ def main() -> None:
         if args.arch == "8b":
             return build_8b_random(device=build_on, dtype=dtype)
         m, p = build_tiny(seed=0)
+        if args.vocab:
+            torch.manual_seed(0)
+            m.resize_token_embeddings(args.vocab, mean_resizing=False)
         return m.to(device=build_on, dtype=dtype), p
 
     model, processor = build()
     n_params = sum(p.numel() for p in model.parameters())
+    base_vocab = model.get_output_embeddings().weight.shape[0]
     model.train()
     model = engine.prepare(model)
     ref, _ = build()
@@ -126,21 +207,29 @@ def main() -> None:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
         torch.cuda.synchronize()
-    t = time.perf_counter()
-    metrics = _update(cfg, engine, model, model, ref, renderer, opt, params, mine, 0)
-    if cuda:
-        torch.cuda.synchronize()
-    wall = time.perf_counter() - t
+    t, cpu = time.perf_counter(), time.process_time()
+    with peak_rss() as rss:
+        metrics = _update(cfg, engine, model, model, ref, renderer, opt, params, mine, 0)
+        if cuda:
+            torch.cuda.synchronize()
+    wall, cpu = time.perf_counter() - t, time.process_time() - cpu
+    from paravt.train.sequences import plan_micro_batches
+
+    passes = len(plan_micro_batches(mine, cfg.packing, cfg.micro_batch_size, cfg.token_budget))
     tokens = engine.all_sum(sum(len(s.ids) for s in mine))
     per_token = (6 + 2 + (2 if cfg.activation_checkpointing else 0)) * n_params
     mfu = tokens * per_token / wall / (args.peak_tflops * 1e12 * engine.world)
-    row = {"arch": args.arch, "params_b": n_params / 1e9, "processes": engine.world, "device": str(engine.device),
-           "master_dtype": args.dtype, "cpu_offload": args.cpu_offload,
+    row = {"arch": args.arch, "vocab": base_vocab, "packing": cfg.packing,
+           "token_budget": cfg.token_budget if cfg.packing else None,
+           "micro_batch_size": None if cfg.packing else cfg.micro_batch_size, "forward_passes": passes,
+           "threads": torch.get_num_threads(), "params_b": n_params / 1e9, "processes": engine.world,
+           "device": str(engine.device), "master_dtype": args.dtype, "cpu_offload": args.cpu_offload,
            "activation_checkpointing": cfg.activation_checkpointing, "sequences": len(seqs),
            "main_tokens": len(seqs[0].ids), "tokens": int(tokens), "trained_tokens": metrics["trained_tokens"],
-           "update_s": wall, "tokens_per_s": tokens / wall, "mfu": mfu if cuda else None,
-           "param_bytes_per_process_gb": param_bytes(model) / 2**30,
-           "peak_gpu_gb": torch.cuda.max_memory_allocated() / 2**30 if cuda else None, "loss": metrics["loss"]}
+           "update_s": wall, "tokens_per_s": tokens / wall, "update_cpu_s": cpu, "tokens_per_cpu_s": tokens / cpu,
+           "mfu": mfu if cuda else None, "param_bytes_per_process_gb": param_bytes(model) / 2**30,
+           "peak_gpu_gb": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+           "peak_rss_gb": None if cuda else rss["gb"], "loss": metrics["loss"]}
     if engine.main:
         print(json.dumps(row, indent=1))
         if args.json:

@@ -2,7 +2,10 @@
 torchrun (FSDP2 over gloo): the update, then a greedy generation with the gathered weights, and
 rank 0 writes what the test compares.
 
-    python tests/dist_worker.py SEQS.pkl MODEL_DIR OUT.pt [engine]
+    python tests/dist_worker.py SEQS.pkl MODEL_DIR OUT.pt [engine] [layout]
+
+layout: `one` (default) packs one sequence per pass, `packed` the trainer's default token budget
+(several sequences a pass), `padded` the padded path (packing off, one sequence a pass).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import torch
 def main() -> None:
     seqs_path, model_dir, out_path = sys.argv[1:4]
     kind = sys.argv[4] if len(sys.argv) > 4 else "auto"
+    layout = sys.argv[5] if len(sys.argv) > 5 else "one"
     torch.set_num_threads(1)
     from paravt.backends.base import GenerateRequest
     from paravt.backends.hf import HFBackend, Renderer
@@ -25,9 +29,12 @@ def main() -> None:
 
     data = pickle.load(open(seqs_path, "rb"))
     # two PPO epochs: the second sees the updated policy, so the KL to the reference is not 0; the KL
-    # in the loss (k3) exercises the sharded reference inside the backward pass
+    # in the loss (k3) exercises the sharded reference inside the backward pass. token_budget 1: one
+    # sequence per packed pass on one process as on two, the same fp32 sums (packing several changes
+    # them by ulps, which Adam at lr 1e-3 lifts past the test's tolerance on the weights)
+    layouts = {"one": {"token_budget": 1}, "packed": {}, "padded": {"packing": False}}
     cfg = GRPOConfig(lr=1e-3, kl_coef=0.01, kl_mode="loss", micro_batch_size=1, ppo_epochs=2, engine=kind,
-                     device="cpu")
+                     device="cpu", **layouts[layout])
     engine = init_engine(cfg.engine, cfg.device, cfg.mixed_precision)
     model, processor = load_policy(model_dir, device="cpu")
     model.train()

@@ -19,7 +19,8 @@ Choices, and why:
   them, and bf16 master weights could not even represent a 2e-6 relative change. single/ddp use
   torch.autocast(bf16) over fp32 weights, the same arithmetic.
 - Activation checkpointing (`activation_checkpointing: true`): transformers' own gradient
-  checkpointing of every decoder layer and vision block (non-reentrant, so it composes with FSDP2).
+  checkpointing of every decoder layer and vision block (non-reentrant, so it composes with FSDP2);
+  `checkpoint_every: n` checkpoints every n-th layer only, where memory allows keeping the rest.
 - CPU offload (`cpu_offload: true`): FSDP2's CPUOffloadPolicy keeps the sharded parameters,
   gradients and optimizer state in host memory (the optimizer step runs on the CPU).
 - The frozen reference of GRPO's KL term is sharded the same way (its own FSDP2 units, bf16 under
@@ -62,6 +63,7 @@ class Engine:
     mixed_precision: str  # no | bf16
     activation_checkpointing: bool = False
     cpu_offload: bool = False
+    checkpoint_every: int = 1  # activation checkpointing on every n-th layer (1: all)
 
     @property
     def main(self) -> bool:
@@ -121,7 +123,10 @@ class Engine:
             # transformers >= 5.2x names it activation_checkpointing_enable(activation_checkpointing_kwargs=...);
             # the older gradient_checkpointing_enable(gradient_checkpointing_kwargs=...) takes the same settings
             if hasattr(model, "activation_checkpointing_enable"):
-                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+                # every_n_layers (transformers >= 5.2x): only where memory needs it, the others keep activations
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False},
+                                                      **({"every_n_layers": self.checkpoint_every}
+                                                         if self.checkpoint_every > 1 else {}))
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.kind == "fsdp":
@@ -248,7 +253,7 @@ def _quiet_single_process() -> Iterator[None]:
 
 
 def init_engine(kind: str = "auto", device: str = "auto", mixed_precision: str = "no", *,
-                activation_checkpointing: bool = False, cpu_offload: bool = False) -> Engine:
+                activation_checkpointing: bool = False, cpu_offload: bool = False, checkpoint_every: int = 1) -> Engine:
     """The engine of this process: joins the process group `torchrun` describes (WORLD_SIZE,
     RANK, LOCAL_RANK, MASTER_ADDR/PORT), or makes a one-process group when fsdp/ddp is asked for
     without torchrun (e.g. FSDP's CPU offload on one GPU)."""
@@ -271,7 +276,7 @@ def init_engine(kind: str = "auto", device: str = "auto", mixed_precision: str =
     dev = torch.device("cuda", local) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(dev)
-    engine = Engine(kind, rank, world, dev, mixed_precision, activation_checkpointing, cpu_offload)
+    engine = Engine(kind, rank, world, dev, mixed_precision, activation_checkpointing, cpu_offload, checkpoint_every)
     if kind != "single" and not dist.is_initialized():
         backend = "nccl" if use_cuda else "gloo"
         if world > 1:

@@ -40,7 +40,10 @@ class SFTConfig:
     steps: int = 500
     stop_at: int = 0  # end this run at this step (checkpoint saved; the lr schedule still spans `steps`); 0: at steps
     batch_size: int = 8  # rows per optimizer step (over all processes)
-    micro_batch_size: int = 1  # rows per forward pass
+    micro_batch_size: int = 1  # rows per forward pass (packing off: the padded path)
+    packing: bool = True  # several rows in one unpadded forward pass, up to token_budget tokens
+    token_budget: int = 8192  # packing: most tokens per forward pass (a longer row gets one of its own)
+    logprob_chunk: int = 1024  # packing: positions whose vocabulary-wide fp32 logits exist at once
     lr: float = 2e-5
     lr_schedule: str = "cosine"  # cosine | constant
     warmup_steps: int = 20
@@ -54,6 +57,7 @@ class SFTConfig:
     device: str = "auto"  # auto (cuda if available) | cpu | cuda
     engine: str = "auto"  # auto | single | ddp | fsdp (auto: fsdp under torchrun with >1 process)
     activation_checkpointing: bool = False
+    checkpoint_every: int = 1  # activation checkpointing on every n-th layer only (1: all; more: faster, more memory)
     cpu_offload: bool = False  # fsdp only: parameters, gradients and optimizer state in host memory
     freeze_vision: bool = False
     threads: int = 0  # torch CPU threads for this run (0: torch default; 1 is fastest on a busy shared CPU)
@@ -67,7 +71,8 @@ class SFTConfig:
         check_finite(self)
         if self.keep_checkpoints < 0 or self.max_nonfinite_steps < 1:
             raise ValueError("keep_checkpoints must be >= 0 and max_nonfinite_steps >= 1")
-        for name in ("steps", "batch_size", "micro_batch_size", "max_frames", "log_every", "save_every"):
+        for name in ("steps", "batch_size", "micro_batch_size", "max_frames", "log_every", "save_every",
+                     "token_budget", "logprob_chunk", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.lr > 0:
@@ -263,30 +268,37 @@ def make_engine(cfg):
     from paravt.train.engine import init_engine
 
     return init_engine(cfg.engine, cfg.device, cfg.mixed_precision,
-                       activation_checkpointing=cfg.activation_checkpointing, cpu_offload=cfg.cpu_offload)
+                       activation_checkpointing=cfg.activation_checkpointing, cpu_offload=cfg.cpu_offload,
+                       checkpoint_every=cfg.checkpoint_every)
 
 
-def backward_micro_batches(engine, model, base, renderer, groups: list, n_tok: int, loss_fn) -> float:
+def backward_micro_batches(engine, model, base, renderer, groups: list, n_tok: int, loss_fn, packing: bool = False,
+                           chunk: int = 1024) -> float:
     """Forward and backward of this process's micro-batches, gradients reduced across processes
     once. Every process runs the same number of passes (FSDP's collectives must match): one with
     fewer pads with passes over its first micro-batch at weight 0. `n_tok` is the trained tokens of
     ALL processes, and DDP/FSDP average gradients over processes, so each local loss is scaled by
     the world size: the update is the token mean over the whole batch. loss_fn(batch, real) -> the
     loss summed over the micro-batch's trained tokens (`real` is False on a padding pass, whose
-    statistics must not count). Returns the local loss sum."""
-    from paravt.train.sequences import collate
+    statistics must not count). `packing`: the groups are packed (train.sequences.pack), under
+    flash-attention's varlen kernel where installed, for the backward's recomputes too. Returns
+    the local loss sum."""
+    from contextlib import nullcontext
+
+    from paravt.train.sequences import make_batch, varlen_attention
 
     n = engine.all_max(len(groups))
     total = 0.0
-    for gi in range(n):
-        real = gi < len(groups)
-        batch = collate(base, renderer, groups[gi if real else 0])
-        with engine.accumulate(model, last=gi == n - 1), engine.autocast():
-            summed = loss_fn(batch, real)
-            loss = summed * (engine.world / max(n_tok, 1)) * (1.0 if real else 0.0)
-        loss.backward()
-        if real:
-            total += float(summed.detach())
+    with varlen_attention(model, bf16_compute=engine.mixed_precision == "bf16") if packing else nullcontext():
+        for gi in range(n):
+            real = gi < len(groups)
+            batch = make_batch(base, renderer, groups[gi if real else 0], packing, chunk=chunk)
+            with engine.accumulate(model, last=gi == n - 1), engine.autocast():
+                summed = loss_fn(batch, real)
+                loss = summed * (engine.world / max(n_tok, 1)) * (1.0 if real else 0.0)
+            loss.backward()
+            if real:
+                total += float(summed.detach())
     return total
 
 
@@ -307,7 +319,7 @@ def _train_sft(cfg: SFTConfig, console=None) -> dict:
     from paravt.train.checkpoint import (claim_run_dir, diverged, find_checkpoint, load_policy, make_optimizer,
                                          prune_snapshots, restore_optimizer, save_checkpoint)
     from paravt.train.logging import RunLogger
-    from paravt.train.sequences import micro_batches, token_logprobs
+    from paravt.train.sequences import plan_micro_batches, token_logprobs
 
     console = console or Console()
     engine = make_engine(cfg)
@@ -373,8 +385,9 @@ def _train_sft(cfg: SFTConfig, console=None) -> dict:
                 if n_tok == 0 or not seqs:
                     raise ConfigError(f"step {step}: the batch's rows have no assistant tokens")
                 opt.zero_grad(set_to_none=True)
-                local = backward_micro_batches(engine, model, base, renderer,
-                                               micro_batches(seqs, cfg.micro_batch_size), n_tok, nll)
+                groups = plan_micro_batches(seqs, cfg.packing, cfg.micro_batch_size, cfg.token_budget)
+                local = backward_micro_batches(engine, model, base, renderer, groups, n_tok, nll, cfg.packing,
+                                               cfg.logprob_chunk)
                 total = engine.all_sum(local) / n_tok  # the batch's mean token NLL
                 gnorm = engine.clip_grad_norm(params, cfg.grad_clip)
                 if math.isfinite(total) and math.isfinite(gnorm):

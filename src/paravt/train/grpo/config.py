@@ -58,7 +58,10 @@ class GRPOConfig:
     grad_clip: float = 1.0
     ppo_epochs: int = 1  # passes over a step's sequences
     minibatches: int = 1  # optimizer steps per pass
-    micro_batch_size: int = 4  # sequences per forward pass
+    micro_batch_size: int = 4  # sequences per forward pass (packing off: the padded path)
+    packing: bool = True  # several sequences in one unpadded forward pass, up to token_budget tokens
+    token_budget: int = 8192  # packing: most tokens per forward pass (a longer sequence gets one of its own)
+    logprob_chunk: int = 1024  # packing: positions whose vocabulary-wide fp32 logits exist at once
     strict_continuation: bool = False  # raise on re-templating drift instead of per-turn sequences
     rollout_batch: int = 64  # hf backend: most requests per generate batch
     dtype: str = "fp32"  # parameter dtype: fp32 | bf16
@@ -66,6 +69,7 @@ class GRPOConfig:
     device: str = "auto"  # auto | cpu | cuda
     engine: str = "auto"  # auto | single | ddp | fsdp (auto: fsdp under torchrun with >1 process)
     activation_checkpointing: bool = False
+    checkpoint_every: int = 1  # activation checkpointing on every n-th layer only (1: all; more: faster, more memory)
     cpu_offload: bool = False  # fsdp only: parameters, gradients and optimizer state in host memory
     freeze_vision: bool = False
     threads: int = 0  # torch CPU threads for this run (0: torch default; 1 is fastest on a busy shared CPU)
@@ -81,7 +85,7 @@ class GRPOConfig:
 
     def __post_init__(self) -> None:
         for name in ("steps", "prompts_per_step", "ppo_epochs", "minibatches", "micro_batch_size", "rollout_batch",
-                     "log_every", "save_every", "fixed_k"):
+                     "log_every", "save_every", "fixed_k", "token_budget", "logprob_chunk", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.rollouts_per_prompt < 2:

@@ -396,8 +396,7 @@ def _advantage_stage(t: _Trainer, seqs: list[TrainSequence]) -> dict[str, float]
     over the step's optimizer steps (with one, it is the update's own forward: see update_policy)."""
     cfg = t.cfg
     if t.producer is not None and (cfg.ppo_epochs > 1 or cfg.minibatches > 1):
-        reference_logprobs(t.engine, t.model, t.base, t.renderer, seqs, cfg.micro_batch_size, cfg.temperature,
-                           into="prox_logprobs")
+        reference_logprobs(t.engine, t.model, t.base, t.renderer, seqs, cfg, into="prox_logprobs")
     return token_advantages(cfg, t.engine, t.ref, t.base, t.renderer, seqs)
 
 

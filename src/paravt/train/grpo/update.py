@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -20,24 +21,26 @@ from paravt.train.grpo.estimator import add_kl_reward, normalize_tokens, ppo_los
 from paravt.train.sequences import Batch, TrainSequence
 
 
-def reference_logprobs(engine, ref, base, renderer, seqs: list[TrainSequence], micro_batch_size: int,
-                       temperature: float, into: str = "ref_logprobs") -> None:
+def reference_logprobs(engine, ref, base, renderer, seqs: list[TrainSequence], cfg: GRPOConfig,
+                       into: str = "ref_logprobs") -> None:
     """log π_τ of `ref` (the reference, or the policy itself for decoupled PPO's π_prox) at every
-    sequence's tokens, into `TrainSequence.<into>`, without grad; every process runs the same number
-    of passes (sharded models: collectives must match)."""
-    from paravt.train.sequences import collate, micro_batches, per_sequence, token_logprobs
+    sequence's tokens (packed: its trained tokens, the only ones read), into `TrainSequence.<into>`,
+    without grad; every process runs the same number of passes (sharded models: collectives must
+    match). The passes are the update's: packed by cfg.token_budget, or cfg.micro_batch_size padded."""
+    from paravt.train.sequences import make_batch, plan_micro_batches, sequence_rows, token_logprobs, varlen_attention
 
-    groups = micro_batches(seqs, micro_batch_size)
+    groups = plan_micro_batches(seqs, cfg.packing, cfg.micro_batch_size, cfg.token_budget)
     n = engine.all_max(len(groups))
-    with torch.no_grad():
+    with torch.no_grad(), varlen_attention(ref, bf16_compute=engine.mixed_precision == "bf16") if cfg.packing \
+            else nullcontext():
         for gi in range(n):
             real = gi < len(groups)
             group = groups[gi if real else 0]
-            batch = collate(base, renderer, group)
+            batch = make_batch(base, renderer, group, cfg.packing, chunk=cfg.logprob_chunk)
             with engine.autocast():
-                lp, _ = token_logprobs(ref, batch, temperature=temperature, banned=renderer.banned_ids)
+                lp, _ = token_logprobs(ref, batch, temperature=cfg.temperature, banned=renderer.banned_ids)
             if real:
-                for q, row in zip(group, per_sequence(group, lp.float())):
+                for q, row in zip(group, sequence_rows(group, batch, lp.float())):
                     setattr(q, into, row)
 
 
@@ -47,7 +50,7 @@ def token_advantages(cfg: GRPOConfig, engine, ref, base, renderer, seqs: list[Tr
     batch normalisation over trained tokens (step 6). Returns the KL statistics (k3 and k1 per token)."""
     stats: dict[str, float] = {}
     if ref is not None and cfg.kl_mode == "reward":
-        reference_logprobs(engine, ref, base, renderer, seqs, cfg.micro_batch_size, cfg.temperature)
+        reference_logprobs(engine, ref, base, renderer, seqs, cfg)
         k1, k3, n = add_kl_reward(seqs, cfg.kl_coef, cfg.kl_clamp)
         n = max(engine.all_sum(n), 1.0)
         stats = {"kl": engine.all_sum(k3) / n, "kl_k1": engine.all_sum(k1) / n}
@@ -73,7 +76,7 @@ def _surrogate(cfg: GRPOConfig, model, ref, renderer, decoupled: bool, totals: _
                ) -> Callable[[Batch, bool], torch.Tensor]:
     """The loss of one micro-batch (`backward_micro_batches` calls it; `real` false for the padding
     passes that keep processes in step), which also adds to `totals`."""
-    from paravt.train.sequences import token_logprobs
+    from paravt.train.sequences import token_logprobs, varlen_attention
 
     kl_in_loss = ref is not None and cfg.kl_mode == "loss"
 
@@ -82,7 +85,8 @@ def _surrogate(cfg: GRPOConfig, model, ref, renderer, decoupled: bool, totals: _
                                    banned=renderer.banned_ids)
         ref_logp = None
         if kl_in_loss:
-            with torch.no_grad():
+            with torch.no_grad(), varlen_attention(ref, bf16_compute=cfg.mixed_precision == "bf16") \
+                    if batch.rows is not None else nullcontext():
                 ref_logp, _ = token_logprobs(ref, batch, temperature=cfg.temperature, banned=renderer.banned_ids)
         prox = batch.prox_logprobs
         if decoupled and prox is None:
@@ -120,7 +124,7 @@ def update_policy(cfg: GRPOConfig, engine, model, base, ref, renderer, opt, para
     forward's own log π_θ detached (the same weights: one pass fewer, the same gradient)."""
     import numpy as np
 
-    from paravt.train.sequences import micro_batches
+    from paravt.train.sequences import plan_micro_batches
     from paravt.train.sft import backward_micro_batches
 
     n_mb = -engine.all_max(-min(cfg.minibatches, len(seqs)))  # every process takes the same optimizer steps
@@ -136,9 +140,9 @@ def update_policy(cfg: GRPOConfig, engine, model, base, ref, renderer, opt, para
             mb_seqs = [seqs[i] for i in order[mb::n_mb]]
             n_tok = int(engine.all_sum(sum(q.n_trained for q in mb_seqs)))
             opt.zero_grad(set_to_none=True)
-            mb_loss = engine.all_sum(backward_micro_batches(engine, model, base, renderer,
-                                                            micro_batches(mb_seqs, cfg.micro_batch_size), n_tok,
-                                                            surrogate))
+            groups = plan_micro_batches(mb_seqs, cfg.packing, cfg.micro_batch_size, cfg.token_budget)
+            mb_loss = engine.all_sum(backward_micro_batches(engine, model, base, renderer, groups, n_tok, surrogate,
+                                                            cfg.packing, cfg.logprob_chunk))
             totals.sums["loss"] += mb_loss
             seen_tokens += sum(len(q.ids) for q in mb_seqs)
             gnorm = engine.clip_grad_norm(params, cfg.grad_clip)  # the global norm: every process agrees
