@@ -70,10 +70,11 @@ def assert_normal(got: list, alone: list) -> None:
         np.testing.assert_allclose(g.logprobs, a.logprobs, atol=1e-4)
 
 
+@pytest.mark.parametrize("decode", ["eager", "static"])
 @pytest.mark.parametrize("name", list(POISON))
-def test_a_poison_request_never_fails_its_batch(tiny, alone, name):
+def test_a_poison_request_never_fails_its_batch(tiny, alone, name, decode):
     model, processor = tiny
-    backend = HFBackend(model, processor, batch_wait_ms=100)  # the five requests join one prefill
+    backend = HFBackend(model, processor, batch_wait_ms=100, decode=decode)  # the five requests join one prefill
     got = run_together(backend, [normal(0), normal(1), POISON[name], normal(2), normal(3)])
     assert_normal(got[:2] + got[3:], alone)
     bad = got[2]
@@ -112,21 +113,27 @@ def test_a_row_whose_prefill_breaks_fails_alone(tiny, alone, monkeypatch):
     assert isinstance(got[2], BackendError) and "refuses 17x17" in str(got[2])
 
 
-def test_a_failed_decode_step_rebuilds_its_rows(tiny, alone, monkeypatch):
+@pytest.mark.parametrize("decode", ["eager", "static"])
+def test_a_failed_decode_step_rebuilds_its_rows(tiny, alone, monkeypatch, decode):
     """A decode step that fails once: every row is rebuilt from its prompt and tokens so far and
     goes on to the same tokens; a row that breaks even alone fails by itself."""
-    real = hf._decode
-    calls = {"n": 0}
+    from paravt.backends.static_decode import StaticDecoder
 
-    def fails_third(model, batch):
+    calls = {"n": 0}
+    real = hf._decode if decode == "eager" else StaticDecoder.step
+
+    def fails_third(*args):
         calls["n"] += 1
         if calls["n"] == 3:
             raise RuntimeError("CUDA error: an illegal memory access")
-        return real(model, batch)
+        return real(*args)
 
-    monkeypatch.setattr(hf, "_decode", fails_third)
+    if decode == "eager":
+        monkeypatch.setattr(hf, "_decode", fails_third)
+    else:
+        monkeypatch.setattr(StaticDecoder, "step", fails_third)
     model, processor = tiny
-    backend = HFBackend(model, processor, batch_wait_ms=100)
+    backend = HFBackend(model, processor, batch_wait_ms=100, decode=decode)
     got = run_together(backend, [normal(i) for i in range(4)])
     assert calls["n"] > 3
     assert_normal(got, alone)

@@ -73,3 +73,28 @@ def test_decode_modes_are_checked(tiny):
     assert HFBackend(model, processor).decode == "eager"  # auto on CPU
     with pytest.raises(ValueError, match="decode must be one of"):
         HFBackend(model, processor, decode="fast")
+
+
+def test_device_sampling_matches_the_per_row_sampler_and_isolates_nan_rows():
+    """`choose_on_device` (one host sync a step) draws what hf's per-row `_choose_row` draws with the
+    same seeded generators, greedy and sampled (top-p included); a NaN row is reported alone."""
+    import torch
+
+    from paravt.backends import hf
+    from paravt.backends.static_decode import choose_on_device
+
+    logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(0)) * 3
+    logits[3] = float("nan")
+    reqs = [GenerateRequest([], temperature=t, top_p=p, seed=i)
+            for i, (t, p) in enumerate([(0.0, 1.0), (0.7, 1.0), (1.0, 0.5), (0.7, 1.0), (1e-300, 0.9)])]
+    banned = torch.tensor([7, 9])
+    gens = [torch.Generator().manual_seed(r.seed) for r in reqs]
+    tokens, lps, ok = choose_on_device(logits, reqs, gens, banned)
+    assert ok == [True, True, True, False, True]
+    masked = logits.index_fill(-1, banned, float("-inf"))
+    for j, r in enumerate(reqs):
+        if j == 3:
+            continue
+        job = hf._Job(r, None, generator=torch.Generator().manual_seed(r.seed))
+        t, lp = hf._choose_row(masked[j], int(masked[j].argmax()), job)
+        assert (tokens[j], round(lps[j], 6)) == (t, round(lp, 6)) and t not in (7, 9)

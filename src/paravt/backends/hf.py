@@ -42,7 +42,7 @@ import torch
 
 from paravt.backends.base import BackendError, Completion, GenerateRequest, RequestRejected
 from paravt.chat import Rendered, Renderer
-from paravt.backends.static_decode import StaticDecoder
+from paravt.backends.static_decode import StaticDecoder, choose_on_device
 from paravt.policy import is_greedy, model_inputs, policy_log_softmax, sequence_logprobs
 
 __all__ = ["HFBackend", "IncrementalText", "Rendered", "Renderer", "default_decode_threads", "model_inputs",
@@ -182,6 +182,11 @@ def _choose(batch: "_Batch | _SlotBatch", banned: torch.Tensor) -> tuple[list[in
     policy PPO's ratio needs. Vision placeholders are never chosen: a generated one has no frame
     behind it and would break the next forward pass. A row whose choice fails (non-finite logits)
     is returned in the errors, by index: it fails alone."""
+    if isinstance(batch, _SlotBatch):  # the GPU path: every row on the device, one sync
+        chosen, lps, finite = choose_on_device(batch.logits, [j.request for j in batch.jobs],
+                                               [j.generator for j in batch.jobs], banned)
+        return chosen, lps, {j: BackendError(f"the model's next-token distribution is not finite (log π {lps[j]})")
+                             for j, ok in enumerate(finite) if not ok}
     logits = batch.logits
     if banned.numel():
         logits = logits.index_fill(-1, banned, float("-inf"))
@@ -487,7 +492,8 @@ class HFBackend:
                 raise RequestRejected(f"seed must be an integer in [-2^63, 2^64), got {str(r.seed)[:40]}")
             job.rendered = self.renderer.render(r.messages, prefix=r.prefix,
                                                 max_tokens=self.max_model_len - r.max_new_tokens)
-            job.generator = torch.Generator(device="cpu")
+            # sampled where the logits are: the static path draws on the device (choose_on_device)
+            job.generator = torch.Generator(device=self.model.device if self._static is not None else "cpu")
             seed = r.seed if r.seed is not None else time.time_ns() % (2**31)
             job.generator.manual_seed(seed % (2**64))  # a negative seed as its two's complement
         except RequestRejected as e:

@@ -184,3 +184,42 @@ class StaticDecoder:
         out = text(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
                    **{self._cache_kw: self.cache})
         return self.model.lm_head(out.last_hidden_state[:, -1, :])
+
+
+def choose_on_device(logits: torch.Tensor, requests: list, generators: list, banned: torch.Tensor
+                     ) -> tuple[list[int], list[float], list[bool]]:
+    """Every row's next token, its log π_τ, and whether its distribution was finite, with one host
+    synchronisation for the whole batch (the eager path's `_choose` syncs per row). The same
+    arithmetic as `paravt.policy.policy_log_softmax` and hf's `_choose_row`: greedy rows take the
+    argmax and report τ = 1 values; sampled rows draw from softmax(logits / τ) top-p truncated (the
+    top token always kept) with their own seeded generator, so a seeded request gives the same tokens
+    alone or in any batch. A row with NaN or inf logits draws a placeholder (a GPU's multinomial
+    must never see NaN: it would assert and take the process with it) and is reported not finite."""
+    from paravt.policy import GREEDY_BELOW
+
+    x = logits.float()
+    if banned.numel():
+        x = x.index_fill(-1, banned, float("-inf"))
+    dev = x.device
+    temps = torch.tensor([float(r.temperature) for r in requests], device=dev)
+    greedy = temps < GREEDY_BELOW
+    scale = torch.where(greedy, torch.ones_like(temps), temps)
+    lsm = torch.log_softmax(x / scale[:, None], dim=-1)
+    finite = torch.isfinite(lsm.max(dim=-1).values)
+    chosen = torch.argmax(x, dim=-1)
+    placeholder = torch.zeros(x.shape[-1], device=dev)
+    placeholder[0] = 1.0
+    for j, r in enumerate(requests):
+        if r.temperature < GREEDY_BELOW:
+            continue
+        probs = torch.where(finite[j], lsm[j].exp(), placeholder)
+        if r.top_p < 1.0:
+            sp, si = torch.sort(probs, descending=True)
+            keep = torch.cumsum(sp, 0) - sp < r.top_p
+            keep[0] = True
+            probs = torch.zeros_like(probs).scatter(0, si[keep], sp[keep])
+        chosen[j] = torch.multinomial(probs, 1, generator=generators[j])[0]
+    lp = lsm.gather(1, chosen[:, None])[:, 0]
+    ok = finite & torch.isfinite(lp)
+    rows = torch.stack([chosen.double(), lp.double(), ok.double()], dim=1).tolist()  # the one sync
+    return [int(c) for c, _, _ in rows], [float(v) for _, v, _ in rows], [bool(o) for _, _, o in rows]
