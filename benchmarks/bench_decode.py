@@ -9,7 +9,8 @@ What it measures, in one process:
   per second), and from it the batch-1 decode limit: bandwidth / bytes of the weights (every decode
   step reads each weight once);
 - decode tokens/s of `HFBackend` at each batch size (forced to full length: end tokens ignored),
-  and the ratio of batch 1 to the limit;
+  and the ratio of batch 1 to the limit, for each decode path (`--decodes`: eager, the DynamicCache
+  path, before; auto, the static-cache CUDA-graph path on a GPU, after);
 - the prefill of a 64-frame main-agent prompt (vision tower, DeepStack, M-RoPE);
 - transformers' `generate` at batch 1 on the same prompt, as a reference for the backend's own loop.
 The 8B model is Qwen3-VL-8B's architecture with random weights (`build_8b_random`): speed only.
@@ -106,6 +107,7 @@ def main() -> None:
     ap.add_argument("--arch", choices=["tiny", "8b"], default="tiny")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--batches", default="1,8,32,64")
+    ap.add_argument("--decodes", default="eager,auto", help="hf backend decode paths to measure, in order")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--frames", type=int, default=4, help="frames in the decode rows' prompts")
     ap.add_argument("--prefill-frames", type=int, default=64)
@@ -120,20 +122,23 @@ def main() -> None:
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     text_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "visual" not in n)
     batches = [int(b) for b in args.batches.split(",")]
-    backend = HFBackend(model, processor, max_batch=max(batches))
-    backend.renderer.stop_ids = set()  # full length: every row decodes `tokens`
-    backend.generate_sync([request(1, 64, 4)])  # warm-up
     rows = {"arch": args.arch, "device": device, "device_name": torch.cuda.get_device_name() if device == "cuda" else
             "cpu", "torch": torch.__version__, "transformers": __import__("transformers").__version__,
             "bandwidth_gbs": bw / 1e9, "weight_gb": weight_bytes / 1e9, "text_weight_gb": text_bytes / 1e9,
             "limit_batch1_tok_s": bw / text_bytes, "decode": {}}
-    for b in batches:
-        rate, wall = decode_rate(backend, b, args.tokens, args.frames)
-        rows["decode"][str(b)] = {"tok_s": rate, "wall_s": wall}
-        print(f"decode batch {b}: {rate:.1f} tok/s ({wall:.2f} s)", flush=True)
-    one = rows["decode"].get("1", {}).get("tok_s")
-    if one:
-        rows["batch1_share_of_limit"] = one / rows["limit_batch1_tok_s"]
+    for mode in args.decodes.split(","):  # before (eager) and after (the static path) in one process
+        backend = HFBackend(model, processor, max_batch=max(batches), decode=mode)
+        backend.renderer.stop_ids = set()  # full length: every row decodes `tokens`
+        for b in batches:  # warm-up: the static path compiles a graph per cache bucket
+            backend.generate_sync([request(args.frames, 64, 8, seed=s) for s in range(b)])
+        rows["decode"][backend.decode] = per_batch = {}
+        for b in batches:
+            rate, wall = decode_rate(backend, b, args.tokens, args.frames)
+            per_batch[str(b)] = {"tok_s": rate, "wall_s": wall}
+            print(f"decode {backend.decode}, batch {b}: {rate:.1f} tok/s ({wall:.2f} s)", flush=True)
+        one = per_batch.get("1", {}).get("tok_s")
+        if one:
+            rows[f"batch1_share_of_limit/{backend.decode}"] = one / rows["limit_batch1_tok_s"]
     t = time.perf_counter()
     backend.generate_sync([request(args.prefill_frames, args.prefill_side, 1)])
     rows["prefill_s"] = time.perf_counter() - t

@@ -113,6 +113,10 @@ def peak_rss():
 def compare(argv: list[str]) -> None:
     """Each mode in a process of its own (a clean peak memory), then the table."""
     rows = {}
+    json_path = None
+    if "--json" in argv:  # both rows go there together, written here (each run would overwrite the other)
+        j = argv.index("--json")
+        json_path, argv = argv[j + 1], argv[:j] + argv[j + 2:]
     for mode in ("off", "on"):
         args = [a for a in argv]
         i = args.index("--packing")
@@ -131,7 +135,11 @@ def compare(argv: list[str]) -> None:
         print(f"{k:>16} {a:>14.6g} {b:>14.6g}")
     print(f"packed/padded tokens/s: {rows['on']['tokens_per_s'] / rows['off']['tokens_per_s']:.2f}x wall, "
           f"{rows['on']['tokens_per_cpu_s'] / rows['off']['tokens_per_cpu_s']:.2f}x CPU time")
-    print(json.dumps({"padded": rows["off"], "packed": rows["on"]}))
+    both = {"padded": rows["off"], "packed": rows["on"]}
+    print(json.dumps(both))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(both, f, indent=1)
 
 
 def main() -> None:

@@ -16,12 +16,12 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 if [ "$mode" = cpu ]; then
   arch=tiny; dev=cpu; doc=$out/gpu_cpu.md
-  dec=(--batches 1,8 --tokens 32 --prefill-side 64)
+  dec=(--batches 1,8 --tokens 32 --prefill-side 64 --decodes eager,static)
   upd=(--rollouts 2 --frames 4 --subs 1 --turn-tokens 64 --summary-tokens 32 --sub-tokens 32 --system-tokens 100)
   epi=(--repeats 1 --frames 4 --sub-tokens 8)
 else
   arch=8b; dev=cuda; doc=docs/gpu.md
-  dec=(); upd=(--dtype bf16); epi=(--frames 64 --sub-tokens 16)
+  dec=(--tokens 64); upd=(--dtype bf16 --rollouts 4); epi=(--frames 64 --sub-tokens 16)
 fi
 step() {  # name, timeout, command...: each step's log and exit status; one failing step does not stop the rest
   local name=$1 limit=$2; shift 2
@@ -29,7 +29,7 @@ step() {  # name, timeout, command...: each step's log and exit status; one fail
   timeout "$limit" "$@" 2>&1 | tee "$out/$name.log"
   echo "${PIPESTATUS[0]}" > "$out/$name.rc"
 }
-step decode 240 "$py" benchmarks/bench_decode.py --arch "$arch" --device "$dev" "${dec[@]}" --json "$out/decode.json"
-step update 240 "$py" benchmarks/bench_update.py --arch "$arch" --device "$dev" --packing both "${upd[@]}" --json "$out/update.json"
-step episode 120 "$py" benchmarks/bench_episode.py --arch "$arch" --device "$dev" "${epi[@]}" --json "$out/episode.json"
+step decode 270 "$py" benchmarks/bench_decode.py --arch "$arch" --device "$dev" "${dec[@]}" --json "$out/decode.json"
+step update 200 "$py" benchmarks/bench_update.py --arch "$arch" --device "$dev" --packing both "${upd[@]}" --json "$out/update.json"
+step episode 90 "$py" benchmarks/bench_episode.py --arch "$arch" --device "$dev" "${epi[@]}" --json "$out/episode.json"
 "$py" benchmarks/gpu_report.py "$out" --doc "$doc"

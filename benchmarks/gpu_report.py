@@ -42,12 +42,16 @@ def machine(dec: dict | None) -> str:
 
 
 def decode_table(d: dict) -> str:
-    rows = ["| batch | tok/s |", "|---|---|"]
-    rows += [f"| {b} | {v['tok_s']:.1f} |" for b, v in d["decode"].items()]
+    modes = list(d["decode"])
+    batches = list(next(iter(d["decode"].values()), {}))
+    rows = ["| batch | " + " | ".join(f"{m} tok/s" for m in modes) + " |", "|---|" + "---|" * len(modes)]
+    rows += [f"| {b} | " + " | ".join(f"{d['decode'][m][b]['tok_s']:.1f}" for m in modes) + " |" for b in batches]
+    shares = ", ".join(f"{m} {100 * d[f'batch1_share_of_limit/{m}']:.1f} %" for m in modes
+                       if f"batch1_share_of_limit/{m}" in d)
     return ("\n".join(rows) + f"\n\nMeasured copy bandwidth {d['bandwidth_gbs']:.0f} GB/s; text weights "
             f"{d['text_weight_gb']:.2f} GB: batch-1 limit {d['limit_batch1_tok_s']:.0f} tok/s; batch 1 reaches "
-            f"{100 * d.get('batch1_share_of_limit', 0):.1f} % of it. Prefill of {d['prefill_frames']} frames: "
-            f"{d['prefill_s']:.2f} s. transformers `generate`, batch 1: {d['generate_batch1_tok_s']:.1f} tok/s.\n")
+            f"{shares} of it. Prefill of {d['prefill_frames']} frames: {d['prefill_s']:.2f} s. transformers "
+            f"`generate`, batch 1: {d['generate_batch1_tok_s']:.1f} tok/s.\n")
 
 
 def plain_table(obj) -> str:
