@@ -68,6 +68,20 @@ def _fmt(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
+BEGIN, END = "<!-- gpu.sh: begin -->", "<!-- gpu.sh: end -->"
+
+
+def write_section(doc: Path, text: str) -> None:
+    """The run's figures between the markers of `doc` (the rest of the page stays), or a new page."""
+    page = doc.read_text() if doc.exists() else ""
+    if BEGIN in page and END in page:
+        head, rest = page.split(BEGIN, 1)
+        page = head + BEGIN + "\n" + text + END + rest.split(END, 1)[1]
+    else:
+        page = "# paravt on a GPU\n\n## The latest run\n" + BEGIN + "\n" + text + END + "\n"
+    doc.write_text(page)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -75,13 +89,13 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     dec, upd, epi = load(out, "decode"), load(out, "update"), load(out, "episode")
-    parts = ["# paravt on a GPU\n", "Written by `benchmarks/gpu.sh` (`benchmarks/gpu_report.py`); every figure below is "
-             "from that run.\n", machine(dec), "\n## Targets\n",
+    parts = ["Written by `benchmarks/gpu.sh` (`benchmarks/gpu_report.py`); every figure in this section is "
+             "from that run.\n\n", machine(dec), "\n### Targets\n",
              "".join(f"- {k}: {v}\n" for k, v in TARGETS.items()),
-             "\n## Decode (hf backend)\n", decode_table(dec) if dec else failed(out, "decode"),
-             "\n## Update (`bench_update.py`, packed vs padded)\n", plain_table(upd) if upd else failed(out, "update"),
-             "\n## Parallel episode (`bench_episode.py`)\n", plain_table(epi) if epi else failed(out, "episode")]
-    Path(args.doc).write_text("".join(parts))
+             "\n### Decode (hf backend)\n", decode_table(dec) if dec else failed(out, "decode"),
+             "\n### Update (`bench_update.py`, packed vs padded)\n", plain_table(upd) if upd else failed(out, "update"),
+             "\n### Parallel episode (`bench_episode.py`)\n", plain_table(epi) if epi else failed(out, "episode")]
+    write_section(Path(args.doc), "".join(parts))
     print(f"wrote {args.doc}")
 
 
