@@ -103,8 +103,9 @@ class StaticDecoder:
 
     def _room(self, need_w: int) -> None:
         """Make `w` at least `need_w` and leave column `w` writable: shift, compact, or grow."""
-        if self.cache is None:
-            self._allocate(bucket(need_w + 1, self.cap))
+        if self.cache is None or len(self.free) == self.slots:  # nothing to keep: place `w` where needed
+            if self.cache is None or need_w >= self.length:
+                self._allocate(bucket(need_w + 1, self.cap))
             self.w = need_w
             return
         if self.w < need_w:
@@ -112,7 +113,8 @@ class StaticDecoder:
                 self._allocate(bucket(need_w + 1, self.cap))
             self._shift(need_w - self.w)
         if self.w >= self.length:
-            used = self.mask[:, : self.w].any(dim=0).nonzero()
+            active = sorted(set(range(self.slots)) - set(self.free))
+            used = self.mask[active, : self.w].any(dim=0).nonzero()
             first = int(used[0]) if used.numel() else self.w
             self._shift(-first)
         if self.w >= self.length:
@@ -146,8 +148,6 @@ class StaticDecoder:
             self.mask[s] = False
             self.free.append(s)
         self.free.sort()
-        if len(self.free) == self.slots:  # nothing in flight: start the next batch at the left again
-            self.w = 0
 
     # ---- the step
 

@@ -20,12 +20,13 @@ if TYPE_CHECKING:
 
 
 def start_servers(cfg: GRPOConfig, engine, source: str, out: Path):
-    """Rank 0 starts (or connects to) the rollout servers; every process gets their URLs."""
+    """Rank 0 starts (or connects to) the rollout servers; every process gets their URLs and the key
+    they answer to (launched servers get a random one)."""
     from paravt.train.rollout import RolloutServers
 
     servers = RolloutServers.start(cfg.rollout, source, out / "servers") if engine.main else None
-    urls = engine.broadcast(servers.urls if servers else None)
-    return servers or RolloutServers(cfg.rollout, urls)
+    urls, key = engine.broadcast((servers.urls, servers.api_key) if servers else None)
+    return servers or RolloutServers(cfg.rollout, urls, api_key=key)
 
 
 def start_producer(cfg: GRPOConfig, samples: list["RLSample"], servers, version: int, engine):
