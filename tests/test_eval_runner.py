@@ -647,12 +647,20 @@ def test_a_resume_after_the_data_changed_reruns_the_changed_samples(split, tmp_p
 
 
 def test_two_runs_on_one_out_folder_are_refused(samples, tmp_path):
-    from paravt.eval.run_dir import RunDirBusy, RunLock
+    from paravt.eval.run_dir import RunDirBusy
 
     out = tmp_path / "r"
     out.mkdir()
-    with RunLock(out):  # another run writing there
-        with pytest.raises(RunDirBusy, match="in use by another paravt eval"):
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.path.insert(0, sys.argv[1]); "
+                               "from paravt.eval.run_dir import RunLock; l = RunLock(sys.argv[2]).__enter__(); "
+                               "print('held', flush=True); time.sleep(60)", str(Path(__file__).parents[1] / "src"),
+                               str(out)], stdout=subprocess.PIPE, text=True)
+    try:  # another process is writing there
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunDirBusy, match=f"in use by another paravt eval \\(pid {holder.pid}\\)"):
             run_eval(samples[:2], make_backend(), CFG, out)
+    finally:
+        holder.kill()
+        holder.wait()
     assert not (out / "results.jsonl").exists() or not (out / "results.jsonl").read_text()
     assert run_eval(samples[:2], make_backend(), CFG, out)["n"] == 2  # free again

@@ -4,8 +4,8 @@ The manifest pins the settings; this pins each sample's inputs: a digest of its 
 answer, type, subtitles and video file (path, size, modification time) goes into its row, and a
 resumed run redoes a sample whose digest changed (an annotation corrected, a video replaced) instead
 of keeping a stale score. Rows of earlier versions carry no digest: their answer, question type and
-video path are compared instead. A lock (`flock` on OUT/.lock) keeps a second run off a folder that
-one is writing to: two writers would append the same samples twice.
+video path are compared instead. A lock (`lockf` on OUT/.lock) keeps a second process off a folder
+that one is writing to: two writers would append the same samples twice.
 """
 
 from __future__ import annotations
@@ -54,9 +54,11 @@ class RunLock:
 
     def __enter__(self) -> "RunLock":
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        try:  # a POSIX record lock: held per process, so a run of this process that was cut short
+            # (KeyboardInterrupt leaves its task pending, its lock unreleased until collected) does
+            # not lock the next one out; another process is refused
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
             holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
             os.close(fd)
             raise RunDirBusy(f"{self.path.parent} is in use by another paravt eval (pid {holder}); wait for it to "
