@@ -44,10 +44,10 @@ def request():
 
 
 def served(servers, url: str):
-    """A greedy completion with ids and logprobs from one server."""
+    """A greedy completion with ids and logprobs from one server (with the key the launched servers want)."""
     from paravt.backends.openai import OpenAIBackend
 
-    return asyncio.run(OpenAIBackend(url, logprobs=True).generate([request()]))[0]
+    return asyncio.run(OpenAIBackend(url, logprobs=True, api_key=servers.api_key).generate([request()]))[0]
 
 
 def test_after_a_sync_both_servers_hold_the_trainers_weights(servers, tmp_path):
@@ -94,8 +94,8 @@ def test_server_ids_give_the_in_process_sequences(servers, split, tmp_path):
     s = next(s for s in load_rl_rows(split / "rl.parquet") if s.extra.get("needs_event")
              and not s.extra["overview_visible"]["4"])
     local = asyncio.run(run_episode(hf, s.video, s.question, cfg, question_type=s.question_type))
-    remote = asyncio.run(run_episode(OpenAIBackend(servers.urls[0], logprobs=True), s.video, s.question, cfg,
-                                     question_type=s.question_type))
+    remote = asyncio.run(run_episode(OpenAIBackend(servers.urls[0], logprobs=True, api_key=servers.api_key), s.video,
+                                     s.question, cfg, question_type=s.question_type))
     assert [t.generation.text for t in remote.turns] == [t.generation.text for t in local.turns]
     a, drift_a = episode_sequences(local, 0.5, hf.renderer, anchoring="token")
     b, drift_b = episode_sequences(remote, 0.5, hf.renderer, anchoring="token")
@@ -130,7 +130,9 @@ def test_a_dead_server_is_routed_around_then_started_again_and_a_given_one_dropp
     finally:
         pair.close()
     live, gone = servers.urls[0], pair.urls[0]  # given by URL: one answering, one stopped above
-    given = RolloutServers(RolloutConfig(engine="servers", servers=[live, gone], start_timeout_s=5), [live, gone])
+    # servers given by URL are reached with the key configured for them (the fixture's launched ones want theirs)
+    given = RolloutServers(RolloutConfig(engine="servers", servers=[live, gone], start_timeout_s=5,
+                                         api_key=servers.api_key), [live, gone])
     given.sync(weights, "2")  # the stopped one is dropped; the live one's sync is not disturbed by it
     assert given.urls == [live] and given.version[live] == "2"
     assert servers._http[live].get(live + "/weight_info").json() == {"weight_version": "2"}
