@@ -157,7 +157,7 @@ def test_para_grpo_with_vllm_rollouts_and_disk_weight_sync(split, tmp_path):
         from tests.test_hf_backend import msgs
 
         req = GenerateRequest(msgs(seed=3), max_new_tokens=8)
-        got = asyncio.run(OpenAIBackend(servers.urls[0]).generate([req]))[0]
+        got = asyncio.run(OpenAIBackend(servers.urls[0], api_key=servers.api_key).generate([req]))[0]
         images = [p.image for m in req.messages for p in m.images()]
         with torch.no_grad():
             mine = sequence_logprobs(model, Renderer(processor), got.prompt_ids, got.token_ids, images)
