@@ -134,6 +134,7 @@ def measure(a, name: str) -> dict:
     """Greedy and sampled episodes of one model on the test split; the numbers of the precondition table."""
     import asyncio
 
+    from paravt import protocol as P
     from paravt.agent import Episode
     from paravt.backends.hf import HFBackend
     from paravt.eval.benchmarks import load_benchmark
@@ -180,7 +181,9 @@ def measure(a, name: str) -> dict:
                                         ep.n_executed_calls, RewardConfig(release_compat=rel), prefix=cfg.prefix,
                                         anchoring="off", options=s.options or None, question=s.question).total
                           for rel in (False, True)]
-                split.append({"call": ep.n_parsed_calls > 0, "accuracy": acc[-1], "parse_problem": problems[-1],
+                tagged = any(tag in t for t in ep.main_texts() for tag in (P.TOOL_CALL_OPEN, P.TOOL_CODE_OPEN))
+                split.append({"call": ep.n_parsed_calls > 0, "attempt": ep.n_parsed_calls == 0 and tagged,
+                              "accuracy": acc[-1], "parse_problem": problems[-1],
                               "format": fmt[-1], "r_paravt": totals[0], "r_release": totals[1]})
         n = max(len(rows), 1)
         result[cell] = {"n": len(rows), "format": sum(fmt) / n, "kappa": sum(calls) / n, "accuracy": sum(acc) / n,
@@ -236,8 +239,8 @@ def pooled_k64(r: dict, suffix: str = "") -> list[dict]:
 def split_table(results: dict[str, dict]) -> str:
     """At K = 64, τ = 0.7: the rollouts that call (a parseable call) against those that skip, with the think
     prefix and without it (the vanilla baseline's rollouts); R with anchoring off, as vanilla GRPO scores it."""
-    head = ("| model | prefix | rollouts | skip | acc call / skip | parse problems call / skip | "
-            "R_fmt call / skip | R paravt call / skip | R release call / skip |")
+    head = ("| model | prefix | rollouts | κ | skip | skip, a broken call | skip, well-formed | acc call / skip | "
+            "parse problems call / skip | R_fmt call / skip | R paravt call / skip | R release call / skip |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for name, r in results.items():
         for suffix, label in (("", "think"), ("_np", "none")):
@@ -247,7 +250,11 @@ def split_table(results: dict[str, dict]) -> str:
             call, skip = [x for x in rows if x["call"]], [x for x in rows if not x["call"]]
             pair = lambda key: " / ".join("–" if not g else f"{sum(x[key] for x in g) / len(g):.2f}"  # noqa: E731
                                           for g in (call, skip))
-            lines.append(f"| {name} | {label} | {len(rows)} | {len(skip) / len(rows):.2f} | {pair('accuracy')} | "
+            kappa = [c["kappa"] for key, c in r.items() if key == f"t07_k64{suffix}" or key.startswith(f"t07_k64{suffix}_s")]
+            broken = sum(x.get("attempt", False) for x in skip) / len(rows)
+            clean = sum(not x["parse_problem"] for x in skip) / len(rows)
+            lines.append(f"| {name} | {label} | {len(rows)} | {sum(kappa) / len(kappa):.2f} | {len(skip) / len(rows):.2f} | "
+                         f"{broken:.2f} | {clean:.2f} | {pair('accuracy')} | "
                          f"{pair('parse_problem')} | {pair('format')} | {pair('r_paravt')} | {pair('r_release')} |")
     return "\n".join(lines)
 
@@ -334,7 +341,8 @@ def main() -> None:
         for name in names:
             cached = a.out / "measure" / name / "summary.json"
             results[name] = json.loads(cached.read_text()) if cached.exists() else {}
-            if not expected_cells(a, name) <= set(results[name]) or "rollouts" not in results[name].get("t07_k64", {}):
+            k64 = results[name].get("t07_k64", {}).get("rollouts")
+            if not expected_cells(a, name) <= set(results[name]) or not k64 or "attempt" not in k64[0]:
                 # cells added since: the others resume at once
                 results[name] = measure(a, name)
         print(table(results))
