@@ -103,11 +103,12 @@ def stage_skip(a) -> None:
     """The second cold start: the same base, steps and lr as cold_<steps>, on the rows of an oracle that
     answers directly in 30 % of the episodes whose overview shows the event (preset paradox-skip), so
     that a skip at K = 64 is a trained path, not the untrained one of cold_400 (issue #37)."""
-    d = a.data / "paradox_skip_train"
+    d = a.data / f"paradox_{a.skip_name}_train"
     if not (d / "sft.parquet").exists():
-        run([*a.paravt, "synth", "--preset", "paradox-skip", "--out", str(d), "--n", str(a.n_train), "--split",
-             "train", "--seed", "0"], a.out / "logs" / "synth_skip_train.log")
-    cold_start(a, base_checkpoint(a), "skipcold", a.cold_steps, d / "sft.parquet")
+        dial = ["--tool-prior-at-k", a.skip_prior] if a.skip_prior else []
+        run([*a.paravt, "synth", "--preset", "paradox-skip", *dial, "--out", str(d), "--n", str(a.n_train), "--split",
+             "train", "--seed", "0"], a.out / "logs" / f"synth_{a.skip_name}_train.log")
+    cold_start(a, base_checkpoint(a), f"{a.skip_name}cold", a.cold_steps, d / "sft.parquet")
 
 
 def stage_contrast(a) -> None:
@@ -159,6 +160,8 @@ def measure(a, name: str) -> dict:
     cells += [(f"t07_k64{np}_s{seed}", dict(frames=64, temperature=a.temperature, seed=seed, **over), "parallel")
               for seed in range(1, a.k64_samples) for np, over in (("", {}), ("_np", {"think_prefix": False}))
               if not np or a.np_models is None or name in a.np_models]
+    if a.cells:  # only these (a model measured so is left out of the full tables, kept in the split)
+        cells = [c for c in cells if c[0] in a.cells]
     by_id = {s.id: s for s in samples}
     result = {}
     for cell, over, mode in cells:
@@ -215,7 +218,7 @@ def table_np(results: dict[str, dict]) -> str:
     head = f"| model | {COMMON} | " + " | ".join(f"acc K={k}" for k in KS) + " |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     lines += [f"| {name} | {common_cells(r, '_np')} | {acc_cells(r, '_np')} |"
-              for name, r in results.items() if "t07_k64_np" in r]
+              for name, r in results.items() if all(f"{c}_k{k}_np" in r for c in ("greedy", "t07") for k in KS)]
     return "\n".join(lines)
 
 
@@ -224,6 +227,8 @@ def table(results: dict[str, dict]) -> str:
             + " | ".join(f"acc K={k}" for k in KS) + " |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for name, r in results.items():
+        if not all(f"{c}_k{k}" in r for c in ("greedy", "t07") for k in KS) or "none_k64" not in r:
+            continue  # measured on some cells only (--cells): in the split table
         n = min(c["n"] for key, c in r.items() if not key.endswith("_np"))
         lines.append(f"| {name} | {n} | {common_cells(r)} | {100 * r['greedy_k64']['accuracy']:.1f} | "
                      f"{100 * r['none_k64']['accuracy']:.1f} | {acc_cells(r)} |")
@@ -260,6 +265,8 @@ def split_table(results: dict[str, dict]) -> str:
 
 
 def expected_cells(a, name: str) -> set[str]:
+    if a.cells:
+        return set(a.cells)
     np = a.np_models is None or name in a.np_models
     cells = {f"{c}_k{k}" for c in ("greedy", "t07") for k in KS} | {"none_k64"}
     cells |= {f"{c}_np" for c in cells if c != "none_k64"} if np else set()
@@ -302,6 +309,10 @@ def main() -> None:
                    default="all")
     p.add_argument("--base", default=str(ASSETS / "paradox-base"),
                    help="the base the cold starts begin from when OUT/base is absent (default: the shipped one)")
+    p.add_argument("--skip-prior", default="", metavar="K:p,...",
+                   help="--stage skip: the oracle's tool prior by K (synth --tool-prior-at-k; default: the preset's)")
+    p.add_argument("--skip-name", default="skip",
+                   help="--stage skip: names its data (DATA/paradox_<name>_train) and its run (<name>cold_<steps>)")
     p.add_argument("--sft-set", action="append", default=[], metavar="KEY=VALUE",
                    help="an extra SFT override for the cold starts (e.g. threads=1); repeatable")
     p.add_argument("--k64-samples", type=int, default=1,
@@ -321,6 +332,8 @@ def main() -> None:
                    help="measure only these without the think prefix too (default: every model measured)")
     p.add_argument("--sft", default=None, help="also measure this checkpoint as 'sft' (e.g. the shipped SFT start)")
     p.add_argument("--limit", type=int, default=100, help="test questions per cell")
+    p.add_argument("--cells", type=lambda s: s.split(","), default=None,
+                   help="measure only these cells (e.g. t07_k64,t07_k64_np,t07_k64_s1); default: all")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--max-new-tokens", type=int, default=320)
     p.add_argument("--ship-cold", default="cold_400", help="the cold start that --stage ship copies to the assets")
