@@ -255,11 +255,12 @@ def split_table(results: dict[str, dict]) -> str:
             call, skip = [x for x in rows if x["call"]], [x for x in rows if not x["call"]]
             pair = lambda key: " / ".join("–" if not g else f"{sum(x[key] for x in g) / len(g):.2f}"  # noqa: E731
                                           for g in (call, skip))
-            kappa = [c["kappa"] for key, c in r.items() if key == f"t07_k64{suffix}" or key.startswith(f"t07_k64{suffix}_s")]
+            kappa = [c["kappa"] for key, c in r.items()
+                     if key == f"t07_k64{suffix}" or key.startswith(f"t07_k64{suffix}_s")]
             broken = sum(x.get("attempt", False) for x in skip) / len(rows)
             clean = sum(not x["parse_problem"] for x in skip) / len(rows)
-            lines.append(f"| {name} | {label} | {len(rows)} | {sum(kappa) / len(kappa):.2f} | {len(skip) / len(rows):.2f} | "
-                         f"{broken:.2f} | {clean:.2f} | {pair('accuracy')} | "
+            lines.append(f"| {name} | {label} | {len(rows)} | {sum(kappa) / len(kappa):.2f} | "
+                         f"{len(skip) / len(rows):.2f} | {broken:.2f} | {clean:.2f} | {pair('accuracy')} | "
                          f"{pair('parse_problem')} | {pair('format')} | {pair('r_paravt')} | {pair('r_release')} |")
     return "\n".join(lines)
 
