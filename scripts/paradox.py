@@ -20,6 +20,15 @@ shows what the prompt settings alone do (docs/paradox.md).
     python scripts/paradox.py --stage doc                   # tables, curves, claims -> docs/paradox.md
     python scripts/paradox.py --stage status                # where each run and eval cell stands
 
+`--testbed gap` runs the second testbed's 2×2 instead (docs/paradox.md, issue #37): short vanilla GRPO
+runs from {cold_400 (`paradox-cold`), the skip cold start (`--skip-cold`, scripts/paradox_testbed.py
+--stage skip)} × {paravt's reward, the release's (`reward.release_compat=true`)}, 100 steps by default,
+into runs/paradox_gap, its tables between their own markers in docs/paradox.md:
+
+    python scripts/paradox.py --testbed gap --stage train --jobs 2
+    python scripts/paradox.py --testbed gap --stage eval
+    python scripts/paradox.py --testbed gap --stage doc
+
 Each stage is a `paravt` command per cell (printed before it runs, so any cell can be rerun by
 hand); all of them resume, so rerunning continues where a run stopped.
 """
@@ -54,6 +63,25 @@ RUNS = {
                        (1,)),
 }
 LATE = ("para_no_prefix",)  # trained after Table 2's eight runs
+# The second testbed's 2×2 (--testbed gap): vanilla GRPO, the run whose tools the paper sees collapse, from
+# two cold starts under two rewards. Whether a skip can out-earn a call at K = 64 needs a skip as well trained
+# as a call (the skip cold start) and a reward that pays a call no more than the release did (release_compat).
+VANILLA = RUNS["vanilla"][1]
+GAP_RUNS = {
+    "van_cold": ("vanilla GRPO, cold_400, paravt reward", VANILLA, (1,)),
+    "van_cold_rel": ("vanilla GRPO, cold_400, release reward", [*VANILLA, "reward.release_compat=true"], (1,)),
+    "van_skip": ("vanilla GRPO, skip cold start, paravt reward", VANILLA, (1,)),
+    "van_skip_rel": ("vanilla GRPO, skip cold start, release reward", [*VANILLA, "reward.release_compat=true"],
+                     (1,)),
+}
+FROM_SKIP = ("van_skip", "van_skip_rel")  # the runs that start from --skip-cold; the others from --cold
+LABELS = {**RUNS, **GAP_RUNS}
+GAP_START, GAP_END = "<!-- gap 2x2: scripts/paradox.py --testbed gap --stage doc -->", "<!-- end of gap 2x2 -->"
+
+
+def families(a) -> dict:
+    """The run families of the selected testbed: Table 2's, or the gap 2×2's."""
+    return GAP_RUNS if getattr(a, "testbed", "table2") == "gap" else RUNS
 MODES = ("parallel", "sequential", "inline", "none")
 START, END = "<!-- table 2: scripts/paradox.py --stage doc -->", "<!-- end of table 2 -->"
 
@@ -61,7 +89,7 @@ START, END = "<!-- table 2: scripts/paradox.py --stage doc -->", "<!-- end of ta
 def run_ids(a) -> list[tuple[str, str, int]]:
     """(run id, family, seed) of the selected runs, in RUNS's order (the tables' and figures')."""
     out = []
-    for name, (_, _, seeds) in RUNS.items():
+    for name, (_, _, seeds) in families(a).items():
         for seed in seeds:
             rid = f"{name}_s{seed}"
             if not a.runs or rid in a.runs or name in a.runs:
@@ -98,10 +126,11 @@ def train_jobs(a) -> list[tuple[list[str], Path, dict]]:
     order = sorted(run_ids(a), key=lambda r: (r[1] in LATE, r[2], r[1] not in FIRST))  # stable within each class
     for rid, name, seed in order:
         out = a.out / "rl" / rid
-        cmd = [*a.paravt, "train", "grpo", "--config", str(a.config), "-o", f"model={a.cold}",
+        start = a.skip_cold if name in FROM_SKIP else a.cold
+        cmd = [*a.paravt, "train", "grpo", "--config", str(a.config), "-o", f"model={start}",
                "-o", f"data={a.train}/rl.parquet", "-o", f"out={out}", "-o", f"steps={a.steps}", "-o", "threads=1",
                "-o", f"seed={seed}"]
-        for o in RUNS[name][1] + a.set:
+        for o in families(a)[name][1] + a.set:
             cmd += ["-o", o]
         jobs.append((cmd, out / "train.log", CPU))
     return jobs
@@ -117,6 +146,8 @@ def models(a) -> dict[str, str]:
     training has a `checkpoint` too, its latest: evaluating it would leave that step's scores in a cell that
     resumes, never redone once the run finishes)."""
     out = {"base": str(a.base), "cold": str(a.cold)}
+    if getattr(a, "testbed", "table2") == "gap":
+        out["skip_cold"] = str(a.skip_cold)
     for rid, _, _ in run_ids(a):
         ckpt = a.out / "rl" / rid / "checkpoint"
         if (ckpt / "config.json").exists() and last_step(a, rid) >= a.steps:
@@ -128,7 +159,7 @@ def think_prefix(model: str) -> bool:
     """Each model is evaluated under the prompt it was trained with: the base (its own habit breaks under
     the forced prefix) and the runs whose rollouts went without it (vanilla, as the release's) begin their
     turns themselves; the cold start and every other run get paravt's `<think>` prefix."""
-    overrides = RUNS.get(model.rsplit("_s", 1)[0], ("", [], ()))[1]
+    overrides = LABELS.get(model.rsplit("_s", 1)[0], ("", [], ()))[1]
     return model != "base" and "episode.think_prefix=false" not in overrides
 
 
@@ -309,7 +340,10 @@ def main_table(a) -> tuple[list[str], dict]:
     lines = [f"| run | seed | steps | fτ first | fτ last | κ first | κ last | κ K={kmax} last | {kcols} |",
              "|---|---|---|---|---|---|---|---|" + "---|" * len(a.ks)]
     summaries = {}
-    for name, label in (("base", "base"), ("cold", "SFT cold start")):
+    starts = [("base", "base"), ("cold", "SFT cold start")]
+    if getattr(a, "testbed", "table2") == "gap":
+        starts += [("skip_cold", "skip cold start")]
+    for name, label in starts:
         accs = " | ".join(acc_cell(a, name, "parallel", k) for k in a.ks)
         lines.append(f"| {label} | – | – | – | – | – | – | – | {accs} |")
     for rid, name, seed in run_ids(a):
@@ -318,7 +352,7 @@ def main_table(a) -> tuple[list[str], dict]:
             continue
         summaries[rid] = s
         accs = " | ".join(acc_cell(a, rid, "parallel", k) for k in a.ks)
-        lines.append(f"| {RUNS[name][0]} | {seed} | {s['steps']} | {num(s['f_first'])} | {num(s['f_last'])} | "
+        lines.append(f"| {LABELS[name][0]} | {seed} | {s['steps']} | {num(s['f_first'])} | {num(s['f_last'])} | "
                      f"{num(s['k_first'])} | {num(s['k_last'])} | {num(s['k_max_last'])} | {accs} |")
     return lines, summaries
 
@@ -351,7 +385,7 @@ def call_vs_skip(a) -> list[str]:
         call = [r for r in sel if r["n_parsed_calls"] > 0]
         skip = [r for r in sel if r["n_parsed_calls"] == 0]
         pair = lambda f: " / ".join("–" if not g else f"{mean(f(r) for r in g):.2f}" for g in (call, skip))  # noqa: E731
-        lines.append(f"| {RUNS[name][0]} {seed} | {len(sel)} | {len(skip) / len(sel):.2f} | "
+        lines.append(f"| {LABELS[name][0]} {seed} | {len(sel)} | {len(skip) / len(sel):.2f} | "
                      f"{pair(lambda r: r['accuracy'])} | {pair(lambda r: r['format'])} | {pair(lambda r: r['reward'])} | "
                      f"{pair(lambda r: float(r['problem_turns'] > 0))} |")
     return lines
@@ -456,9 +490,10 @@ def plot(a) -> None:
             ax.set_title(title, fontsize=10)
             ax.set_xlabel("RL step")
     axes.flat[0].legend(fontsize=7)
-    fig.suptitle(f"Table 2 runs on the paradox testbed (moving average over {a.smooth} steps)")
+    what = "The gap 2×2" if getattr(a, "testbed", "table2") == "gap" else "Table 2"
+    fig.suptitle(f"{what} runs on the paradox testbed (moving average over {a.smooth} steps)")
     fig.tight_layout()
-    fig.savefig(a.docs / "paradox_curves.png", dpi=100)
+    fig.savefig(a.docs / f"{figure_prefix(a)}_curves.png", dpi=100)
     plt.close(fig)
 
     gaps = {rid: advantage_gap(a, rid) for rid, _, _ in run_ids(a)}
@@ -477,7 +512,7 @@ def plot(a) -> None:
         axes[0][0].set_ylabel("advantage: called − skipped")
         axes[0][-1].legend(fontsize=6)
         fig.tight_layout()
-        fig.savefig(a.docs / "paradox_advantage.png", dpi=100)
+        fig.savefig(a.docs / f"{figure_prefix(a)}_advantage.png", dpi=100)
         plt.close(fig)
 
 
@@ -495,7 +530,51 @@ def shown(path: Path) -> str:
     return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(path)
 
 
+def figure_prefix(a) -> str:
+    return "paradox_gap" if getattr(a, "testbed", "table2") == "gap" else "paradox"
+
+
+def gap_lines(a) -> list[str]:
+    """Per run of the 2×2, the advantage of calling over skipping at the largest K (the trainer's own, group
+    standard deviations) in the first and the last tenth of the run: the Tool Necessity Gap's own measure."""
+    kmax = max(a.k_choices)
+    lines = [f"| run | advantage call − skip, K = {kmax}, first tenth | last tenth |", "|---|---|---|"]
+    for rid, name, seed in run_ids(a):
+        g = advantage_gap(a, rid).get(kmax)
+        if g is not None:
+            lines.append(f"| {LABELS[name][0]} {seed} | {num(g[0])} | {num(g[-1])} |")
+    return lines
+
+
+def write_gap_doc(a) -> str:
+    """The 2×2's tables between their own markers (Table 2's section is left as it is)."""
+    plot(a)
+    table, _ = main_table(a)
+    body = [GAP_START, f"Vanilla GRPO runs of {a.steps} steps (config `{shown(a.config)}`, vanilla's overrides: no "
+            f"gating, no anchoring, no think prefix, no answer suffix), from `{shown(a.cold)}` (cold_400) and "
+            f"`{shown(a.skip_cold)}` (the skip cold start), under paravt's reward and under `reward.release_compat`; "
+            f"held-out accuracy on the first {a.limit} questions of `{shown(a.test)}`, greedy, parallel dispatch, "
+            "without the think prefix, with the 95 % Wilson interval. fτ, κ: means over the first and the last tenth "
+            "of the steps (τ = 0.7 rollouts).", "", *table, "",
+            f"In training at K = {max(a.k_choices)}, over the last third of each run's steps: the rollouts that call "
+            "against those that skip (R: the episode's reward before shaping, under the run's own reward).", "",
+            *call_vs_skip(a), "", *gap_lines(a), "", "![curves](paradox_gap_curves.png)", "",
+            "![advantage gap](paradox_gap_advantage.png)", GAP_END]
+    text = "\n".join(body)
+    path = a.docs / "paradox.md"
+    doc = path.read_text() if path.exists() else ""
+    if GAP_START in doc:
+        head, rest = doc.split(GAP_START, 1)
+        doc = head + text + rest.split(GAP_END, 1)[1]
+    else:
+        doc += "\n" + text + "\n"
+    path.write_text(doc)
+    return text
+
+
 def write_doc(a) -> str:
+    if getattr(a, "testbed", "table2") == "gap":
+        return write_gap_doc(a)
     plot(a)
     table, summaries = main_table(a)
     bare = "the base and the runs " + " and ".join(f"“{RUNS[n][0]}”" for n in RUNS if not think_prefix(f"{n}_s1"))
@@ -526,12 +605,17 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base", type=Path, default=ROOT / "src/paravt/assets/paradox-base")
     p.add_argument("--cold", type=Path, default=ROOT / "src/paravt/assets/paradox-cold")
-    p.add_argument("--train", type=Path, default=Path("data/paradox_train"))
+    p.add_argument("--testbed", choices=["table2", "gap"], default="table2",
+                   help="table2: the first testbed's Table 2 runs; gap: the second testbed's vanilla 2×2 (issue #37)")
+    p.add_argument("--skip-cold", type=Path, default=Path("runs/paradox_testbed/skipcold_400"),
+                   help="the skip cold start (scripts/paradox_testbed.py --stage skip), for --testbed gap")
+    p.add_argument("--train", type=Path, default=None,
+                   help="RL rows (default: data/paradox_train; gap: data/paradox_skip_train, the same questions)")
     p.add_argument("--test", type=Path, default=Path("data/paradox_test"))
-    p.add_argument("--out", type=Path, default=Path("runs/paradox"))
+    p.add_argument("--out", type=Path, default=None, help="default: runs/paradox (gap: runs/paradox_gap)")
     p.add_argument("--docs", type=Path, default=ROOT / "docs")
     p.add_argument("--config", type=Path, default=ROOT / "src/paravt/configs/grpo_tiny.yaml")
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=int, default=None, help="RL steps a run (default 300; gap: 100)")
     p.add_argument("--set", action="append", default=[], help="an override for every RL run (KEY=VALUE)")
     p.add_argument("--runs", type=lambda s: s.split(","), default=[], help="run ids or families (default: all)")
     p.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=[4, 16, 64])
@@ -543,6 +627,10 @@ def main() -> None:
     p.add_argument("--smooth", type=int, default=10)
     p.add_argument("--stage", choices=["all", "train", "eval", "doc", "status"], default="all")
     a = p.parse_args()
+    gap = a.testbed == "gap"
+    a.train = a.train or Path("data/paradox_skip_train" if gap else "data/paradox_train")
+    a.out = a.out or Path("runs/paradox_gap" if gap else "runs/paradox")
+    a.steps = a.steps or (100 if gap else 300)
     script = Path(sys.executable).parent / "paravt"
     a.paravt = [str(script)] if script.exists() else [sys.executable, "-m", "paravt"]
     if a.stage == "status":

@@ -13,7 +13,15 @@ skipping them is a shortcut at large K. This script makes them and measures them
    (contrast: the same cold start from the captions checkpoint, without the prior; not part of `all`.)
 4. measure each model: greedy and τ = 0.7 episodes at K = 4, 16, 64 (parallel dispatch), and K = 64
    with tools skipped (mode none): format reward (fτ at τ = 0.7 against greedy's), the parse-problem
-   rate, κ (crop calls per episode) overall and at K = 64, accuracy.
+   rate, κ (crop calls per episode) overall and at K = 64, accuracy; at K = 64 and τ = 0.7 the rollouts
+   that call against those that skip (accuracy, parse problems, R_fmt, and R under paravt's reward and
+   under the release's, `reward.release_compat`), over `--k64-samples` seeds.
+
+The second testbed (docs/paradox.md, issue #37) adds `--stage skip`: a cold start from the same base,
+the same steps and lr, on the rows of `paravt synth --preset paradox-skip`, whose oracle answers
+directly in 30 % of the episodes whose overview shows the event (skipcold_<steps>). `--base` names the
+base when this testbed's own (OUT/base) is absent: the shipped `paradox-base` by default; a model name
+that is not under OUT is looked up in src/paravt/assets (`paradox-cold` is cold_400).
 
     python scripts/paradox_testbed.py                       # everything, resumable
     python scripts/paradox_testbed.py --stage measure --models base,cold_100
@@ -32,6 +40,7 @@ import sys
 from pathlib import Path
 
 CONFIGS = Path(__file__).resolve().parents[1] / "src/paravt/configs"
+ASSETS = Path(__file__).resolve().parents[1] / "src/paravt/assets"
 KS = (4, 16, 64)
 
 
@@ -52,6 +61,12 @@ def stage_data(a) -> None:
                  "--seed", "0", *extra], a.out / "logs" / f"synth_{split}.log")
 
 
+def base_checkpoint(a) -> Path:
+    """This testbed's base (OUT/base) when it was built here, else --base (the shipped paradox-base)."""
+    own = a.out / "base" / "checkpoint"
+    return own if (own / "config.json").exists() else Path(a.base)
+
+
 def sft(a, config: str, model: str, data: Path, out: Path, steps: int, *extra: str) -> None:
     run([*a.paravt, "train", "sft", "--config", str(CONFIGS / config), "-o", f"model={model}", "-o", f"data={data}",
          "-o", f"out={out}", "-o", f"steps={steps}", *extra], out.parent / f"{out.name}.log")
@@ -64,7 +79,7 @@ def stage_base(a) -> None:
     sft(a, "sft_tiny.yaml", str(caps / "checkpoint"), train / "prior.parquet", base, a.base_steps)
 
 
-def cold_start(a, start: Path, run: str, steps: list[int]) -> None:
+def cold_start(a, start: Path, run: str, steps: list[int], data: Path | None = None) -> None:
     """SFT of `start` on paravt's rows in increments at a constant lr (cumulative: OUT/<run> resumes), each
     increment's checkpoint kept as OUT/<run>_<steps>; the cold start and its contrast share it, so they
     differ in their start and nothing else."""
@@ -75,8 +90,8 @@ def cold_start(a, start: Path, run: str, steps: list[int]) -> None:
         keep = a.out / f"{run}_{n}"
         if (keep / "config.json").exists():
             continue
-        sft(a, "sft_tiny.yaml", str(start), a.data / "paradox_train" / "sft.parquet", out, n,
-            "-o", "lr_schedule=constant", "-o", f"lr={a.cold_lr}", "-o", "warmup_steps=0")
+        sft(a, "sft_tiny.yaml", str(start), data or a.data / "paradox_train" / "sft.parquet", out, n,
+            "-o", "lr_schedule=constant", "-o", f"lr={a.cold_lr}", "-o", "warmup_steps=0", *a.sft_set)
         shutil.copytree(out / "checkpoint", keep, ignore=shutil.ignore_patterns("dcp", "*.pt", "checkpoint_complete"))
 
 
@@ -84,13 +99,22 @@ def stage_cold(a) -> None:
     cold_start(a, a.out / "base" / "checkpoint", "cold", a.cold_steps)
 
 
+def stage_skip(a) -> None:
+    """The second cold start: the same base, steps and lr as cold_<steps>, on the rows of an oracle that
+    answers directly in 30 % of the episodes whose overview shows the event (preset paradox-skip), so
+    that a skip at K = 64 is a trained path, not the untrained one of cold_400 (issue #37)."""
+    d = a.data / f"paradox_{a.skip_name}_train"
+    if not (d / "sft.parquet").exists():
+        dial = ["--tool-prior-at-k", a.skip_prior] if a.skip_prior else []
+        run([*a.paravt, "synth", "--preset", "paradox-skip", *dial, "--out", str(d), "--n", str(a.n_train), "--split",
+             "train", "--seed", "0"], a.out / "logs" / f"synth_{a.skip_name}_train.log")
+    cold_start(a, base_checkpoint(a), f"{a.skip_name}cold", a.cold_steps, d / "sft.parquet")
+
+
 def stage_contrast(a) -> None:
     """The paper's cross-model contrast in miniature: the same cold start from the captions checkpoint, a
     model that never learned the prior's tool habit; measured as `noprior_<steps>`."""
     cold_start(a, a.out / "captions" / "checkpoint", "noprior", [max(a.cold_steps)])
-
-
-ASSETS = Path(__file__).resolve().parents[1] / "src/paravt/assets"
 
 
 def stage_ship(a) -> None:
@@ -111,14 +135,17 @@ def measure(a, name: str) -> dict:
     """Greedy and sampled episodes of one model on the test split; the numbers of the precondition table."""
     import asyncio
 
+    from paravt import protocol as P
     from paravt.agent import Episode
     from paravt.backends.hf import HFBackend
     from paravt.eval.benchmarks import load_benchmark
     from paravt.eval.runner import eval_config, read_results, run_eval_async
     from paravt.models import load_model
-    from paravt.rewards import RewardConfig, format_reward
+    from paravt.rewards import RewardConfig, format_reward, score_episode
 
     path = a.out / name if name != "sft" else Path(a.sft)
+    if not path.exists() and (ASSETS / name).exists():
+        path = ASSETS / name
     out = a.out / "measure" / name
     samples = load_benchmark("synthvt", str(a.data / "paradox_test")).samples[: a.limit]
     model, processor = load_model(str(path / "checkpoint") if (path / "checkpoint").exists() else str(path))
@@ -129,6 +156,13 @@ def measure(a, name: str) -> dict:
     # the same without the forced think prefix: the vanilla baseline's rollouts (the release's setting)
     if a.np_models is None or name in a.np_models:
         cells += [(f"{c}_np", {**o, "think_prefix": False}, m) for c, o, m in cells if c != "none_k64"]
+    # more τ = 0.7 rollouts at K = 64 (other seeds), for the call-vs-skip split
+    cells += [(f"t07_k64{np}_s{seed}", dict(frames=64, temperature=a.temperature, seed=seed, **over), "parallel")
+              for seed in range(1, a.k64_samples) for np, over in (("", {}), ("_np", {"think_prefix": False}))
+              if not np or a.np_models is None or name in a.np_models]
+    if a.cells:  # only these (a model measured so is left out of the full tables, kept in the split)
+        cells = [c for c in cells if c[0] in a.cells]
+    by_id = {s.id: s for s in samples}
     result = {}
     for cell, over, mode in cells:
         cfg = eval_config(mode=mode, max_new_tokens=a.max_new_tokens, **over)
@@ -136,16 +170,29 @@ def measure(a, name: str) -> dict:
         print(f"  {name} {cell}", flush=True)
         asyncio.run(run_eval_async(samples, backend, cfg, d, concurrency=8, model=str(path)))
         rows = [r for r in read_results(d / "results.jsonl") if r.get("episode")]
-        fmt, calls, acc, problems = [], [], [], []
+        fmt, calls, acc, problems, split = [], [], [], [], []
         for r in rows:
             ep = Episode.from_dict(r["episode"])
             fmt.append(format_reward(ep.main_texts(), RewardConfig(), prefix=cfg.prefix))
             calls.append(ep.n_executed_calls)
             acc.append(float(r.get("score") or 0.0))
             problems.append(bool(r.get("n_problems")))
+            s = by_id.get(r.get("id"))
+            if s is not None and cell.startswith("t07_k64"):
+                # R as vanilla GRPO scores it (no anchor): paravt's reward and the release's
+                totals = [score_episode(ep.main_texts(), ep.answer, s.answer, s.question_type, ep.n_parsed_calls,
+                                        ep.n_executed_calls, RewardConfig(release_compat=rel), prefix=cfg.prefix,
+                                        anchoring="off", options=s.options or None, question=s.question).total
+                          for rel in (False, True)]
+                tagged = any(tag in t for t in ep.main_texts() for tag in (P.TOOL_CALL_OPEN, P.TOOL_CODE_OPEN))
+                split.append({"call": ep.n_parsed_calls > 0, "attempt": ep.n_parsed_calls == 0 and tagged,
+                              "accuracy": acc[-1], "parse_problem": problems[-1],
+                              "format": fmt[-1], "r_paravt": totals[0], "r_release": totals[1]})
         n = max(len(rows), 1)
         result[cell] = {"n": len(rows), "format": sum(fmt) / n, "kappa": sum(calls) / n, "accuracy": sum(acc) / n,
                         "parse_problems": sum(problems) / n}
+        if split:
+            result[cell]["rollouts"] = split
     (out / "summary.json").write_text(json.dumps(result, indent=1))
     return result
 
@@ -171,7 +218,7 @@ def table_np(results: dict[str, dict]) -> str:
     head = f"| model | {COMMON} | " + " | ".join(f"acc K={k}" for k in KS) + " |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     lines += [f"| {name} | {common_cells(r, '_np')} | {acc_cells(r, '_np')} |"
-              for name, r in results.items() if "t07_k64_np" in r]
+              for name, r in results.items() if all(f"{c}_k{k}_np" in r for c in ("greedy", "t07") for k in KS)]
     return "\n".join(lines)
 
 
@@ -180,20 +227,74 @@ def table(results: dict[str, dict]) -> str:
             + " | ".join(f"acc K={k}" for k in KS) + " |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for name, r in results.items():
+        if not all(f"{c}_k{k}" in r for c in ("greedy", "t07") for k in KS) or "none_k64" not in r:
+            continue  # measured on some cells only (--cells): in the split table
         n = min(c["n"] for key, c in r.items() if not key.endswith("_np"))
         lines.append(f"| {name} | {n} | {common_cells(r)} | {100 * r['greedy_k64']['accuracy']:.1f} | "
                      f"{100 * r['none_k64']['accuracy']:.1f} | {acc_cells(r)} |")
     return "\n".join(lines)
 
 
+def pooled_k64(r: dict, suffix: str = "") -> list[dict]:
+    """The τ = 0.7 rollouts at K = 64 of every seed (cells t07_k64<suffix> and t07_k64<suffix>_s<seed>)."""
+    return [x for key, c in r.items() if key == f"t07_k64{suffix}" or key.startswith(f"t07_k64{suffix}_s")
+            for x in c.get("rollouts", [])]
+
+
+def split_table(results: dict[str, dict]) -> str:
+    """At K = 64, τ = 0.7: the rollouts that call (a parseable call) against those that skip, with the think
+    prefix and without it (the vanilla baseline's rollouts); R with anchoring off, as vanilla GRPO scores it."""
+    head = ("| model | prefix | rollouts | κ | skip | skip, a broken call | skip, well-formed | acc call / skip | "
+            "parse problems call / skip | R_fmt call / skip | R paravt call / skip | R release call / skip |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for name, r in results.items():
+        for suffix, label in (("", "think"), ("_np", "none")):
+            rows = pooled_k64(r, suffix)
+            if not rows:
+                continue
+            call, skip = [x for x in rows if x["call"]], [x for x in rows if not x["call"]]
+            pair = lambda key: " / ".join("–" if not g else f"{sum(x[key] for x in g) / len(g):.2f}"  # noqa: E731
+                                          for g in (call, skip))
+            kappa = [c["kappa"] for key, c in r.items()
+                     if key == f"t07_k64{suffix}" or key.startswith(f"t07_k64{suffix}_s")]
+            broken = sum(x.get("attempt", False) for x in skip) / len(rows)
+            clean = sum(not x["parse_problem"] for x in skip) / len(rows)
+            lines.append(f"| {name} | {label} | {len(rows)} | {sum(kappa) / len(kappa):.2f} | "
+                         f"{len(skip) / len(rows):.2f} | {broken:.2f} | {clean:.2f} | {pair('accuracy')} | "
+                         f"{pair('parse_problem')} | {pair('format')} | {pair('r_paravt')} | {pair('r_release')} |")
+    return "\n".join(lines)
+
+
+def expected_cells(a, name: str) -> set[str]:
+    if a.cells:
+        return set(a.cells)
+    np = a.np_models is None or name in a.np_models
+    cells = {f"{c}_k{k}" for c in ("greedy", "t07") for k in KS} | {"none_k64"}
+    cells |= {f"{c}_np" for c in cells if c != "none_k64"} if np else set()
+    cells |= {f"t07_k64{x}_s{seed}" for seed in range(1, a.k64_samples) for x in ("", "_np") if np or not x}
+    return cells
+
+
 def write_doc(a, results: dict[str, dict]) -> None:
-    """The measured table between the markers of --write-doc's file (the prose around it stays)."""
-    start, end = "<!-- testbed table: scripts/paradox_testbed.py --write-doc -->", "<!-- end of testbed table -->"
-    body = (f"{start}\nThe first questions of the test split (SynthVT `paradox` preset; their number is the table's "
-            f"`questions`, the least over a model's cells); greedy and τ = "
-            f"{a.temperature} (seed 0) episodes, parallel dispatch, {a.max_new_tokens} new tokens a turn.\n\n"
-            f"{table(results)}\n\nThe same without the forced think prefix (the vanilla baseline's rollouts):\n\n"
-            f"{table_np(results)}\n{end}")
+    """The measured tables between the markers of --write-doc's file (the prose around them stays); --table
+    picks the testbed, each has its own markers."""
+    if a.table == "skip":
+        start, end = ("<!-- skip testbed table: scripts/paradox_testbed.py --table skip --write-doc -->",
+                      "<!-- end of skip testbed table -->")
+        body = (f"{start}\nThe first {a.limit} questions of the test split; greedy and τ = {a.temperature} episodes, "
+                f"parallel dispatch, {a.max_new_tokens} new tokens a turn; {a.k64_samples} τ = {a.temperature} "
+                f"seed(s) at K = 64 for the call-vs-skip split.\n\n{table(results)}\n\nWithout the forced think "
+                f"prefix (the vanilla baseline's rollouts):\n\n{table_np(results)}\n\nAt K = 64, τ = "
+                f"{a.temperature}: the rollouts that call against those that skip (R: the episode's reward with "
+                f"anchoring off, as vanilla GRPO scores it, under paravt's reward and under "
+                f"`reward.release_compat`):\n\n{split_table(results)}\n{end}")
+    else:
+        start, end = "<!-- testbed table: scripts/paradox_testbed.py --write-doc -->", "<!-- end of testbed table -->"
+        body = (f"{start}\nThe first questions of the test split (SynthVT `paradox` preset; their number is the "
+                f"table's `questions`, the least over a model's cells); greedy and τ = "
+                f"{a.temperature} (seed 0) episodes, parallel dispatch, {a.max_new_tokens} new tokens a turn.\n\n"
+                f"{table(results)}\n\nThe same without the forced think prefix (the vanilla baseline's rollouts):\n\n"
+                f"{table_np(results)}\n{end}")
     path = Path(a.write_doc)
     text = path.read_text() if path.exists() else f"# The paradox testbed\n\n{start}\n{end}\n"
     if start not in text:
@@ -205,7 +306,20 @@ def write_doc(a, results: dict[str, dict]) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--stage", choices=["all", "data", "base", "cold", "contrast", "measure", "ship"], default="all")
+    p.add_argument("--stage", choices=["all", "data", "base", "cold", "contrast", "skip", "measure", "ship"],
+                   default="all")
+    p.add_argument("--base", default=str(ASSETS / "paradox-base"),
+                   help="the base the cold starts begin from when OUT/base is absent (default: the shipped one)")
+    p.add_argument("--skip-prior", default="", metavar="K:p,...",
+                   help="--stage skip: the oracle's tool prior by K (synth --tool-prior-at-k; default: the preset's)")
+    p.add_argument("--skip-name", default="skip",
+                   help="--stage skip: names its data (DATA/paradox_<name>_train) and its run (<name>cold_<steps>)")
+    p.add_argument("--sft-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="an extra SFT override for the cold starts (e.g. threads=1); repeatable")
+    p.add_argument("--k64-samples", type=int, default=1,
+                   help="τ = 0.7 seeds at K = 64 per model (the call-vs-skip split reads them all)")
+    p.add_argument("--table", choices=["first", "skip"], default="first",
+                   help="which testbed's table --write-doc writes (skip: the second testbed's, with the split)")
     p.add_argument("--data", type=Path, default=Path("data"))
     p.add_argument("--out", type=Path, default=Path("runs/paradox_testbed"))
     p.add_argument("--n-train", type=int, default=2000)
@@ -219,17 +333,20 @@ def main() -> None:
                    help="measure only these without the think prefix too (default: every model measured)")
     p.add_argument("--sft", default=None, help="also measure this checkpoint as 'sft' (e.g. the shipped SFT start)")
     p.add_argument("--limit", type=int, default=100, help="test questions per cell")
+    p.add_argument("--cells", type=lambda s: s.split(","), default=None,
+                   help="measure only these cells (e.g. t07_k64,t07_k64_np,t07_k64_s1); default: all")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--max-new-tokens", type=int, default=320)
     p.add_argument("--ship-cold", default="cold_400", help="the cold start that --stage ship copies to the assets")
     p.add_argument("--write-doc", default=None, help="put the table into this markdown file (e.g. docs/paradox.md)")
     a = p.parse_args()
     a.paravt = [sys.executable, "-m", "paravt"]
+    a.sft_set = [x for kv in a.sft_set for x in ("-o", kv)]
     stages = ["data", "base", "cold", "measure"] if a.stage == "all" else [a.stage]
     for s in stages:
         if s != "measure":
             {"data": stage_data, "base": stage_base, "cold": stage_cold, "contrast": stage_contrast,
-             "ship": stage_ship}[s](a)
+             "skip": stage_skip, "ship": stage_ship}[s](a)
     if "measure" in stages:
         names = a.models.split(",") if a.models else ["base"] + [f"cold_{n}" for n in a.cold_steps]
         if a.sft:
@@ -238,12 +355,13 @@ def main() -> None:
         for name in names:
             cached = a.out / "measure" / name / "summary.json"
             results[name] = json.loads(cached.read_text()) if cached.exists() else {}
-            wants_np = a.np_models is None or name in a.np_models
-            if not results[name] or ("t07_k64_np" not in results[name] and wants_np):
+            k64 = results[name].get("t07_k64", {}).get("rollouts")
+            if not expected_cells(a, name) <= set(results[name]) or not k64 or "attempt" not in k64[0]:
                 # cells added since: the others resume at once
                 results[name] = measure(a, name)
         print(table(results))
         print(table_np(results))
+        print(split_table(results))
         if a.write_doc:
             write_doc(a, results)
 

@@ -148,3 +148,27 @@ def test_the_follow_up_run_trains_last_and_is_evaluated_without_the_prefix(parad
     assert outs.index("para_s2") < outs.index("para_no_prefix_s1")
     assert not paradox.think_prefix("para_no_prefix_s1") and not paradox.think_prefix("vanilla_s2")
     assert paradox.think_prefix("gating_only_s1") and paradox.think_prefix("cold")
+
+
+def test_the_gap_testbed_is_vanilla_from_two_cold_starts_under_two_rewards(paradox, tmp_path):
+    """--testbed gap: four vanilla runs, {cold_400, the skip cold start} × {paravt's reward, the release's},
+    every model evaluated without the think prefix, the tables under their own markers."""
+    a = args(tmp_path, testbed="gap", skip_cold=tmp_path / "skip", train=tmp_path / "train")
+    jobs = {next(x for x in cmd if x.startswith("out=")).rsplit("/", 1)[1]: cmd for cmd, _, _ in paradox.train_jobs(a)}
+    assert sorted(jobs) == ["van_cold_rel_s1", "van_cold_s1", "van_skip_rel_s1", "van_skip_s1"]
+    for rid, cmd in jobs.items():
+        sets = [cmd[i + 1] for i, x in enumerate(cmd) if x == "-o"]
+        assert set(paradox.RUNS["vanilla"][1]) <= set(sets)
+        assert ("reward.release_compat=true" in sets) == ("_rel" in rid)
+        starts = [x for x in sets if x.startswith("model=")]
+        assert starts == [f"model={tmp_path / ('skip' if 'skip' in rid else 'cold')}"]
+        assert not paradox.think_prefix(rid)
+    write_run(a, "van_skip_s1", (2, 0.5), (0.3, 0.4))
+    assert set(paradox.models(a)) == {"base", "cold", "skip_cold", "van_skip_s1"}
+    a.docs.mkdir()
+    (a.docs / "paradox.md").write_text(f"intro\n{paradox.START}\nTable 2\n{paradox.END}\n")
+    paradox.write_doc(a)
+    doc = (a.docs / "paradox.md").read_text()
+    assert "Table 2" in doc and doc.index(paradox.END) < doc.index(paradox.GAP_START)
+    assert "| vanilla GRPO, skip cold start, paravt reward | 1 | 10 |" in doc
+    assert (a.docs / "paradox_gap_curves.png").exists()

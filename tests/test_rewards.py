@@ -565,3 +565,93 @@ def test_a_rollout_running_on_into_fake_turns_scores_zero_through_the_backend():
     r = score_episode(ep.main_texts(), ep.answer, "B", "mcq", ep.n_parsed_calls, ep.n_executed_calls,
                       prefix=ep.config.prefix)
     assert r.degenerate and r.total == 0.0 and r.accuracy == 1.0
+
+
+# ---- release_compat: the release's two defects as an option (docs/rewards.md) ---------------------
+
+RELEASE = RewardConfig(release_compat=True)
+PRE_CALL = "the red circle shows up late</think>" + CALL  # generated after the forced "<think>\n"
+PRE_ANS = "it was red, clearly</think>" + ANS
+PRE_SKIP = "the red circle shows up late</think>" + ANS  # a direct answer after the forced think
+
+
+@pytest.mark.parametrize(
+    "turns, pred, parsed, executed, anchoring, paravt, release",
+    [
+        # a call that ran, then the right answer: release R_fmt 0.5 (the answer only: no think credit, no
+        # think-before-call, the stray </think> breaks the balance), anchor 0, R_tool 0.1 + 0.5
+        ([PRE_CALL, PRE_ANS], "B", 1, 1, "sequence", 1 + 1.0 + 0.8, 1 + 0.5 + 0.6),
+        ([PRE_CALL, PRE_ANS], "B", 1, 1, "token", 1 + 1.0 + 0.8, 1 + 0.5 + 0.6),
+        # the same call, the wrong answer
+        ([PRE_CALL, "it was red, clearly</think><answer>C</answer>"], "C", 1, 1, "sequence", 0 + 1.0 + 0.3,
+         0 + 0.5 + 0.1),
+        # a skip, right: paravt R_fmt min(0.2 + 0.5 + 0.5 * 0.7 + 0.1, 1) in sequence mode, 0.8 in token mode
+        ([PRE_SKIP], "B", 0, 0, "sequence", 1 + 1.0, 1 + 0.5),
+        ([PRE_SKIP], "B", 0, 0, "token", 1 + 0.8, 1 + 0.5),
+        # a skip, wrong
+        (["the red circle shows up late</think><answer>C</answer>"], "C", 0, 0, "sequence", 0 + 1.0, 0 + 0.5),
+        # an empty forced think, then a call that ran, no answer: only R_tool, 0.3 against 0.1
+        (["</think>\n" + CALL], None, 1, 1, "sequence", 0.3, 0.1),
+        # a turn cut off inside the forced think: γ fires only where the prefix is seen
+        (["still looking at the frames"], None, 0, 0, "sequence", -0.15, 0.0),
+        # a call that failed to run: the parsed tier in both
+        ([PRE_CALL, PRE_ANS], "B", 1, 0, "sequence", 1 + 1.0 + 0.6, 1 + 0.5 + 0.6),
+    ],
+)
+def test_release_compat_side_by_side(turns, pred, parsed, executed, anchoring, paravt, release):
+    """Each case: paravt's total and the release's on the same episode, generated after `<think>\\n`."""
+    args = (turns, pred, "B", "mcq", parsed, executed)
+    ours = score_episode(*args, prefix=P.THINK_PREFIX, anchoring=anchoring)
+    theirs = score_episode(*args, RELEASE, prefix=P.THINK_PREFIX, anchoring=anchoring)
+    assert (ours.total, theirs.total) == (pytest.approx(paravt), pytest.approx(release))
+
+
+def test_release_compat_matches_scoring_without_the_prefix():
+    """The prefix left out is exactly the release's text: release_compat with the prefix scores R_fmt and
+    the anchor as paravt does on the text without it (the side-by-side case of test_total)."""
+    for turns in ([PRE_CALL, PRE_ANS], [PRE_SKIP], ["still looking"], ["</think>\n" + CALL]):
+        assert format_reward(turns, RELEASE, prefix=P.THINK_PREFIX) == format_reward(turns)
+        assert anchor_reward(turns, RELEASE, prefix=P.THINK_PREFIX) == anchor_reward(turns)
+
+
+def test_release_executed_tier_reads_the_text():
+    with_response = [THINK + CALL + "<tool_response>\nred\n</tool_response>", THINK + ANS]
+    assert score_episode(with_response, "B", "B", "mcq", 1, 0, RELEASE).tool == pytest.approx(0.8)
+    assert score_episode(with_response, "B", "B", "mcq", 1, 0).tool == pytest.approx(0.6)  # paravt: the record
+    assert score_episode([THINK + CALL, THINK + ANS], "B", "B", "mcq", 1, 3, RELEASE).tool == pytest.approx(0.6)
+    # no parseable call: no tool reward at all, whatever the text holds
+    assert score_episode(["<tool_response>x</tool_response>" + ANS], "B", "B", "mcq", 0, 0, RELEASE).tool == 0.0
+
+
+def test_release_compat_silences_the_token_anchor(tok):
+    for text in (PRE_SKIP, PRE_CALL, "still looking at the frames"):
+        ids = _encode(tok, text)
+        assert anchor_token_rewards(ids, tok, prefix=P.THINK_PREFIX)  # paravt: +0.4 / +0.3, or -γ
+        assert anchor_token_rewards(ids, tok, RELEASE, prefix=P.THINK_PREFIX) == {}
+    # a turn that writes its own <think> is scored the same either way
+    ids = _encode(tok, THINK + ANS)
+    assert anchor_token_rewards(ids, tok, RELEASE, prefix="") == anchor_token_rewards(ids, tok)
+
+
+def test_release_compat_degenerate_rule_unchanged():
+    junk = "<|im_start|>assistant\n" * 6
+    assert score_episode([PRE_SKIP + junk], "B", "B", "mcq", 0, 0, RELEASE, prefix=P.THINK_PREFIX).total == 0.0
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_release_compat_must_be_bool(bad):
+    with pytest.raises(ValueError, match="release_compat must be true or false"):
+        RewardConfig(release_compat=bad)
+
+
+def test_release_compat_from_grpo_yaml_override():
+    import pathlib
+
+    from paravt.train.config import ConfigError, load_config
+    from paravt.train.grpo.config import GRPOConfig
+
+    yaml = pathlib.Path(__file__).resolve().parents[1] / "src/paravt/configs/grpo_tiny.yaml"
+    assert load_config(GRPOConfig, yaml, ["reward.release_compat=true"]).reward.release_compat is True
+    assert load_config(GRPOConfig, yaml).reward.release_compat is False
+    with pytest.raises(ConfigError, match="release_compat"):
+        load_config(GRPOConfig, yaml, ["reward.release_compat=maybe"])

@@ -748,3 +748,25 @@ def test_the_tool_prior_layout_competes_with_paravts_format():
                 mine = [m["content"][0]["text"] for m in own[0]["messages"] if m["role"] == "assistant"]
                 assert format_reward(said, RewardConfig()) < 0.5 <= format_reward(mine, RewardConfig(), prefix="")
     assert seen["direct"] and seen["calls"]
+
+
+def test_tool_prior_at_k_overrides_the_tool_prior_for_its_k(tmp_path):
+    """--tool-prior-at-k: the oracle's chance to crop where the overview shows the evidence, for one K (the
+    paradox-skip preset's dial: direct answers at K = 64 as a trained path of the cold start)."""
+    from typer.testing import CliRunner
+
+    from paravt.cli import app
+    from paravt.synth.dataset import PARADOX_SKIP_TASK, PRESETS
+
+    assert PRESETS["paradox-skip"] is PARADOX_SKIP_TASK and not PARADOX_SKIP_TASK.get("prior_rows")
+    assert PARADOX_SKIP_TASK["tool_prior_at_k"] == {16: 0.7, 32: 0.7, 64: 0.7}
+    common = ["synth", "--preset", "paradox", "--n", "6", "--seed", "1", "--k-for-oracle", "4,64"]
+    r = CliRunner().invoke(app, [*common, "--tool-prior-at-k", "64:0", "--out", str(tmp_path / "a")])
+    assert r.exit_code == 0, r.output
+    trajs = load_trajectories(tmp_path / "a" / "oracle.jsonl")
+    at64 = [t for t in trajs if t["k"] == 64]
+    assert at64 and not any(t["redundant"] for t in at64) and any(t["direct"] for t in at64)  # never crops what it sees
+    bad = CliRunner().invoke(app, [*common, "--tool-prior-at-k", "64=0", "--out", str(tmp_path / "b")])
+    assert bad.exit_code == 2 and "--tool-prior-at-k" in bad.output
+    with pytest.raises(ValueError, match="tool_prior_at_k"):
+        SynthConfig(tool_prior_at_k={64: 1.5})

@@ -175,6 +175,18 @@ def _int_pair(text: str, flag: str) -> tuple[int, int]:
     return lo, hi
 
 
+def _k_chances(text: str) -> dict[int, float]:
+    """'64:0.6,32:0.8' -> {64: 0.6, 32: 0.8} (--tool-prior-at-k)."""
+    out = {}
+    for item in text.replace(" ", "").split(","):
+        try:
+            k, p = item.split(":")
+            out[int(k)] = float(p)
+        except ValueError:
+            raise ValueError(f"--tool-prior-at-k must be K:p pairs like 64:0.6,32:0.8, got {text!r}") from None
+    return out
+
+
 @app.command()
 def synth(
     out: str = typer.Option(..., help="Output directory."),
@@ -200,10 +212,15 @@ def synth(
                                "'hard': SynthVT-hard, 210-300 s videos, several events, questions that need two or "
                                "more windows, a sweep crop policy and a tool prior; 'paradox': the mini task with a "
                                "tool prior of 0.9 and prior.parquet, the same episodes in another tool layout for "
-                               "pretraining a base model (docs/paradox.md) (each sets the length, event, kind, "
+                               "pretraining a base model (docs/paradox.md); 'paradox-skip': the paradox task whose "
+                               "oracle answers directly in 30 % of the episodes whose overview shows the event at "
+                               "K = 16-64 (the second cold start of docs/paradox.md) (each sets the length, event, kind, "
                                "crop-policy and control options; see synth/dataset.py)."),
     tool_prior: float = typer.Option(None, help="Chance the oracle still crops (to confirm) when the overview already "
                                      "shows the evidence, 0-1 (default: the preset's, else 0: answer directly)."),
+    tool_prior_at_k: str = typer.Option("", help="The same chance for the episodes of given K, overriding "
+                                        "--tool-prior there, as 'K:p,K:p' (e.g. '64:0.6'; 'paradox-skip' sets "
+                                        "16:0.7,32:0.7,64:0.7)."),
     captions: int = typer.Option(0, help="Also write captions.parquet: this many frame-description rows per video "
                                  "(a warm-up SFT stage that teaches a from-scratch model to see)."),
     crop_policy: str = typer.Option("evidence", help="Oracle crop windows: evidence (on the evidence, with decoys) | "
@@ -215,8 +232,8 @@ def synth(
     from paravt.synth.dataset import SynthConfig
 
     try:
-        if preset not in ("", "mini", "hard", "paradox"):
-            raise ValueError(f"--preset must be 'mini', 'hard', 'paradox' or empty, got {preset!r}")
+        if preset not in ("", "mini", "hard", "paradox", "paradox-skip"):
+            raise ValueError(f"--preset must be 'mini', 'hard', 'paradox', 'paradox-skip' or empty, got {preset!r}")
         task = dict(min_len=min_len, max_len=max_len, event_min=event_min, event_max=event_max,
                     n_events=_int_pair(n_events, "--n-events"), crop_policy=crop_policy, control=control,
                     kinds=tuple(k for k in kinds.replace(" ", "").split(",") if k))
@@ -226,6 +243,8 @@ def synth(
             task = dict(PRESETS[preset])
         if tool_prior is not None:
             task["tool_prior"] = tool_prior
+        if tool_prior_at_k:
+            task["tool_prior_at_k"] = {**task.get("tool_prior_at_k", {}), **_k_chances(tool_prior_at_k)}
         cfg = SynthConfig(n=n, seed=seed, split=split, size=size, fps=fps, per_video=per_video,
                           oracle_k=parse_ks(k_for_oracle), **task)
         synth_command(out, cfg)

@@ -6,6 +6,9 @@ forced prefix counted as present (the public release scored the text without the
 "executed" tool tier comes from the episode's record of executed calls, never from the
 generated text, where `<tool_response>` never appears (SPEC §6.6).
 
+`RewardConfig.release_compat` scores as the release did instead (both defects, for comparison runs):
+`scored_prefix` drops the forced prefix, `release_executed` reads the executed tier from the text.
+
 `format_reward` and `anchor_reward` take one turn (a string) or an episode (a list of turns):
 the think and balance terms are judged per turn, so that one turn's `</think>` cannot close
 another turn's `<think>` when the texts are joined.
@@ -53,8 +56,14 @@ class RewardConfig:
     shaping_bias: float = 0.2  # trainer side: r' = clip((R - bias) * scale, ±clip)
     shaping_scale: float = 10.0
     shaping_clip: float = 20.0
+    # score as the public release did (docs/rewards.md): the forced prefix left out of the text that R_fmt,
+    # the anchor terms and the degeneracy check read (SPEC §6.2), and the executed tool tier read from
+    # `<tool_response>` in the generated text, where it never is (SPEC §6.6). For comparison runs only.
+    release_compat: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.release_compat, bool):
+            raise ValueError(f"release_compat must be true or false, got {self.release_compat!r}")
         if self.oe_metric not in ("f1", "exact", "judge"):
             raise ValueError(f"oe_metric must be f1, exact or judge, got {self.oe_metric!r}")
         if self.oe_metric == "judge" and self.judge is None:
@@ -239,6 +248,12 @@ def accuracy_reward(
 # format and anchoring
 
 
+def scored_prefix(prefix: str, cfg: RewardConfig) -> str:
+    """The forced prefix as the scorer sees it: present (paravt), or left out as the release left it
+    (`release_compat`, SPEC §6.2), so that the terms reading the think cannot see the one it opened."""
+    return "" if cfg.release_compat else (prefix or "")
+
+
 def _turns(text: str | Sequence[str], prefix: str) -> list[str]:
     """The scored turns: one string is one turn; each turn gets the forced prefix."""
     texts = [text] if isinstance(text, str) else list(text)
@@ -301,7 +316,7 @@ def format_reward(text: str | Sequence[str], cfg: RewardConfig | None = None, pr
     + 0.1 when every turn's tags are balanced, only if the score is already > 0; capped at 1.
     Without the anchor R_fmt is in [0, 1]; with it, in [−λγ, 1]."""
     cfg = cfg or RewardConfig()
-    turns = _turns(text, prefix)
+    turns = _turns(text, scored_prefix(prefix, cfg))
     if not turns:
         return 0.0
     w_think, w_body, w_close = cfg.format_weights
@@ -326,7 +341,7 @@ def anchor_reward(text: str | Sequence[str], cfg: RewardConfig | None = None, pr
     <think>substantive</think> … <answer>non-empty</answer> flow; −γ (0.3) when some turn ends with
     a <think> still open. Range [−γ, 0.7]."""
     cfg = cfg or RewardConfig()
-    turns = _turns(text, prefix)
+    turns = _turns(text, scored_prefix(prefix, cfg))
     value = 0.0
     if any(_substantive_close(t, cfg) is not None for t in turns):
         value += cfg.anchor_close_think
@@ -353,6 +368,13 @@ def tool_reward(n_parsed_calls: int, n_executed_calls: int, acc: float, cfg: Rew
     if acc > 0:
         value += cfg.tool_correct_bonus
     return min(value, 1.0)
+
+
+def release_executed(main_texts: Sequence[str], n_parsed_calls: int) -> int:
+    """The release's executed tier (SPEC §6.6): 1 when the generated text holds `<tool_response>` beside a
+    parseable call, else 0. Tool responses are never part of the generated text, so this is 0 in practice
+    and a call that ran earns the parsed tier (0.1), not the executed one (0.3)."""
+    return int(n_parsed_calls > 0 and any(P.TOOL_RESPONSE_OPEN in (t or "") for t in main_texts))
 
 
 def is_degenerate(text: str, cfg: RewardConfig | None = None) -> bool:
@@ -403,16 +425,19 @@ def score_episode(
     the public release computes it (the paper's numbers come from that placement). "token": the
     anchor enters per token in the trainer instead (at the structural positions,
     `anchor_token_rewards`), so R_fmt leaves it out; "off": not used. A degenerate output scores a
-    total of 0 (its terms are still reported)."""
+    total of 0 (its terms are still reported). With `cfg.release_compat` the terms are the release's:
+    the prefix left out (`scored_prefix`), the executed count read from the text (`release_executed`)."""
     if anchoring not in ("sequence", "token", "off"):
         raise ValueError(f"anchoring must be sequence, token or off, got {anchoring!r}")
     cfg = cfg or RewardConfig()
+    if cfg.release_compat:
+        n_executed_calls = release_executed(main_texts, n_parsed_calls)
     acc = accuracy_reward(prediction, answer, question_type, cfg, options=options, question=question)
     fmt = format_reward(main_texts, cfg, prefix)
     anc = anchor_reward(main_texts, cfg, prefix)
     fmt_total = format_reward(main_texts, cfg, prefix, anchor_weight=cfg.lambda_anchor) if anchoring == "sequence" else fmt
     tool = tool_reward(n_parsed_calls, n_executed_calls, acc, cfg)
-    if is_degenerate(join_turns(main_texts, prefix), cfg):
+    if is_degenerate(join_turns(main_texts, scored_prefix(prefix, cfg)), cfg):
         return RewardBreakdown(acc, fmt, anc, tool, 0.0, degenerate=True, format_total=fmt_total)
     return RewardBreakdown(acc, fmt, anc, tool, cfg.w_acc * acc + cfg.w_fmt * fmt_total + cfg.w_tool * tool,
                            format_total=fmt_total)
@@ -516,15 +541,17 @@ def anchor_token_rewards(
     - −γ, when the turn ends inside its think, at the first `<tool_call>`/`<answer>` written while
       the think was open (the token that should have been `</think>`), else at the last token
       (a turn cut off mid-think: the latest place a closure could have come).
-    `prefix` is the forced start (e.g. "<think>\\n"): not among token_ids, but present. Every turn
+    `prefix` is the forced start (e.g. "<think>\\n"): not among token_ids, but present (left out with
+    `release_compat`, so no term fires after a forced think, as in the release). Every turn
     carries its own terms, so over an episode the token-level bonus can exceed the sequence-level
     one, which counts each term once."""
     cfg = cfg or RewardConfig()
     if not token_ids:
         return {}
     tt = _TokenText(token_ids, tokenizer)
-    shift = len(prefix or "")
-    full = (prefix or "") + tt.text
+    prefix = scored_prefix(prefix, cfg)
+    shift = len(prefix)
+    full = prefix + tt.text
     values: dict[int, float] = {}
 
     def add(tag: str, full_offset: int | None, value: float) -> None:

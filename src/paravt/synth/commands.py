@@ -56,7 +56,8 @@ def synth_command(out: str, cfg: SynthConfig) -> SplitSummary:
     console.print(visibility_table(
         s, f"SynthVT {cfg.split}: questions whose evidence shows in K uniform overview frames "
            f"({s.n_event_questions} event questions, {s.n_questions - s.n_event_questions} controls)"))
-    console.print(oracle_table(s, f"Oracle trajectories by their K (tool prior {cfg.tool_prior:g})"))
+    at_k = "".join(f", {v:g} at K = {k}" for k, v in sorted(cfg.tool_prior_at_k.items()))
+    console.print(oracle_table(s, f"Oracle trajectories by their K (tool prior {cfg.tool_prior:g}{at_k})"))
     mix = ", ".join(f"{n} {t}" for t, n in s.question_types.items())
     mix += "; " + ", ".join(f"{n} {k}" for k, n in s.question_kinds.items())
     console.print(f"{s.n_questions} questions ({mix}) over {s.n_videos} videos; oracle: "

@@ -63,7 +63,14 @@ HARD_TASK = dict(min_len=210.0, max_len=300.0, event_min=2.0, event_max=2.5, n_e
 # - prior.parquet: the same episodes in another tool layout (synth.prior: no think, one call a turn,
 #   untagged answers), to pretrain the base model whose tool habit competes with the cold start's.
 PARADOX_TASK = dict(MINI_TASK, tool_prior=0.9, prior_rows=True)
-PRESETS = {"mini": MINI_TASK, "hard": HARD_TASK, "paradox": PARADOX_TASK}
+# SynthVT-paradox-skip: the paradox task whose oracle answers directly (think, then <answer>, no call) in
+# 30 % of the episodes whose overview shows the event (tool prior 0.7 at K = 16, 32, 64, where the event
+# shows often): the second cold start of docs/paradox.md. At 0.9 a direct answer at K = 64 is a path
+# the cold start sees in ~2 % of its rows, and its skips come out badly formed; the Tool Necessity Gap
+# needs a skip as well trained as a call. Still 2-3 calls an episode at K = 64 (kappa >= 1.5 before RL).
+# No prior.parquet: the base model is the paradox preset's.
+PARADOX_SKIP_TASK = dict(MINI_TASK, tool_prior=0.9, tool_prior_at_k={16: 0.7, 32: 0.7, 64: 0.7})
+PRESETS = {"mini": MINI_TASK, "hard": HARD_TASK, "paradox": PARADOX_TASK, "paradox-skip": PARADOX_SKIP_TASK}
 
 
 @dataclass
@@ -85,6 +92,9 @@ class SynthConfig:
     crop_policy: str = "evidence"  # oracle crop windows: on the evidence (+ decoys), "tile" short videos, or "sweep"
     control: str = "mcq"  # the background control: multiple choice, or open-ended ("oe")
     tool_prior: float = 0.0  # chance the oracle crops (to confirm) when the overview already shows the evidence
+    # the same chance for the episodes written for one K, overriding tool_prior there ({64: 0.6}): the
+    # share of direct answers where the overview suffices, 1 - p, set where it matters
+    tool_prior_at_k: dict[int, float] = field(default_factory=dict)
     kind_weights: dict[str, float] = field(default_factory=dict)  # draw each question's kind by these; empty: by type
     pair_gap: float = 0.0  # seconds between the starts of the two events of an order_oe / compare_oe question
     colour_repeat: float = 0.3  # chance an event takes an earlier event's colour (counts above one)
@@ -116,6 +126,10 @@ class SynthConfig:
         check_kind_weights(self.kind_weights, self.kinds)
         if not 0 <= self.tool_prior <= 1:
             raise ValueError(f"tool_prior must be in [0, 1], got {self.tool_prior}")
+        self.tool_prior_at_k = {int(k): float(v) for k, v in dict(self.tool_prior_at_k).items()}
+        for k, v in self.tool_prior_at_k.items():
+            if k < 1 or not 0 <= v <= 1:
+                raise ValueError(f"tool_prior_at_k needs K >= 1 and a chance in [0, 1], got {k}: {v}")
         if not 0 <= self.colour_repeat <= 1:
             raise ValueError(f"colour_repeat must be in [0, 1], got {self.colour_repeat}")
         if self.crop_policy == "sweep":
@@ -231,7 +245,7 @@ def build_split(out: str | Path, cfg: SynthConfig, progress=None) -> SplitSummar
                                 "videos": [{"video": rel}], "extra_info": json.dumps(extra, sort_keys=True)})
                 k = int(cfg.oracle_k[int(o_rng.integers(len(cfg.oracle_k)))])
                 traj = make_trajectory(spec, q, overviews[k], crop_times, o_rng, ep.max_parallel, cfg.crop_policy,
-                                       cfg.tool_prior, ep.max_turns - 1, cfg.sweep_len)
+                                       cfg.tool_prior_at_k.get(k, cfg.tool_prior), ep.max_turns - 1, cfg.sweep_len)
                 trajectories.append({"video": rel, **traj.to_dict()})
                 sft_rows += to_sft_rows(traj, q, rel, spec.duration, ep)
                 if cfg.prior_rows:
