@@ -7,7 +7,8 @@ captured step reach most of the memory bandwidth in plain PyTorch. The prefill s
 forward (vision tower, DeepStack, M-RoPE); only decode steps run here, through
 `model.model.language_model` and `model.lm_head` (no restated model math).
 
-Layout: the cache holds `slots` rows of `length` columns, and every row writes its next token at the
+Layout: the cache holds `slots` rows of `length` columns (a step runs over the first power-of-two
+slots that hold every row in use), and every row writes its next token at the
 same column `w` (transformers' StaticCache write pointer, shared by the batch). A row's tokens end at
 w - 1 and begin where its prompt began; earlier columns are masked. Rotary embeddings are applied
 before a key is cached, so where a key sits does not matter, only the mask: a joining row's prefill
@@ -52,8 +53,9 @@ class StaticDecoder:
     mask: torch.Tensor | None = None  # (slots, length) bool: which columns each slot attends to
     w: int = 0  # the column every row writes its next token to
     free: list[int] = field(default_factory=list)
-    _steps: dict = field(default_factory=dict)  # length -> step function (compiled on CUDA)
+    _steps: dict = field(default_factory=dict)  # (length, batch) -> step function (compiled on CUDA)
     _warm: set = field(default_factory=set)
+    _views: dict = field(default_factory=dict)  # batch -> StaticCache over the first slots
 
     def __post_init__(self) -> None:
         self.free = list(range(self.slots))
@@ -81,6 +83,7 @@ class StaticDecoder:
                 new.values[:, :, :n].copy_(old.values[:, :, :n])
             mask[:, :n] = self.mask[:, :n]
         self.cache, self.length, self.mask = cache, length, mask
+        self._views = {}  # views of the old cache: made again on demand
 
     def _shift(self, d: int) -> None:
         """Move every row's columns by `d` (right when > 0, left when < 0); `w` moves with them."""
@@ -153,36 +156,68 @@ class StaticDecoder:
 
     def step(self, slots: list[int], tokens: list[int], positions: torch.Tensor) -> torch.Tensor:
         """Feed each slot its token (at its M-RoPE text position) and return the rows' next-token
-        logits (len(slots), vocab) float32. The other slots compute on a token that only sees itself."""
+        logits (len(slots), vocab) float32. The step runs over the first `b` slots only, b the power
+        of two that holds the highest slot in use (slots are handed out lowest first), so a batch of
+        one reads one slot's cache, not max_batch's; the other slots among the b compute on a token
+        that only sees itself."""
         self._room(self.w)
+        b = 1
+        while b <= max(slots):
+            b *= 2
+        b = min(b, self.slots)
         dev = self.mask.device
         idx = torch.tensor(slots, device=dev)
-        ids = torch.zeros((self.slots, 1), dtype=torch.long, device=dev)
+        ids = torch.zeros((b, 1), dtype=torch.long, device=dev)
         ids[idx, 0] = torch.tensor(tokens, device=dev)
-        pos = torch.zeros((self.slots,), dtype=torch.long, device=dev)
+        pos = torch.zeros((b,), dtype=torch.long, device=dev)
         pos[idx] = positions.to(dev)
         self.mask[:, self.w] = True  # each slot sees the token it writes now
         for layer in self.cache.layers:
             layer.cumulative_length.fill_(self.w)
-        mask = self.mask.view(self.slots, 1, 1, self.length)
-        logits = self._step_fn()(ids, pos.view(1, self.slots, 1).expand(3, self.slots, 1), mask)
+        cache = self._view(b)
+        for layer in cache.layers:
+            layer.cumulative_length.fill_(self.w)
+        mask = self.mask[:b].view(b, 1, 1, self.length)
+        logits = self._step_fn(b)(ids, pos.view(1, b, 1).expand(3, b, 1), mask, cache)
         self.w += 1
         return logits.index_select(0, idx).float()
 
-    def _step_fn(self):
-        """The step for the current bucket: eager the first time (it initialises what the graph
-        reads), then compiled (reduce-overhead: CUDA graphs) when `compile`."""
-        if self.length not in self._warm:
-            self._warm.add(self.length)
-            return self._forward
-        if self.compile and self.length not in self._steps:
-            self._steps[self.length] = torch.compile(self._forward, mode="reduce-overhead", dynamic=False)
-        return self._steps.get(self.length, self._forward)
+    def _view(self, b: int):
+        """A StaticCache over the first `b` slots of the cache (views: its writes are the cache's)."""
+        if b == self.slots:
+            return self.cache
+        if b not in self._views:
+            from transformers import StaticCache
 
-    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            cfg = self.model.config.get_text_config()
+            view = StaticCache(config=cfg, max_cache_len=self.length)
+            first = self.cache.layers[0]
+            view.early_initialization(1, first.keys.shape[1], first.keys.shape[-1], first.keys.dtype,
+                                      first.keys.device)  # tiny tensors, replaced by views below
+            for mine, big in zip(view.layers, self.cache.layers):
+                mine.keys, mine.values = big.keys[:b], big.values[:b]
+                if not torch.compiler.is_compiling():
+                    torch._dynamo.mark_static_address(mine.keys)
+                    torch._dynamo.mark_static_address(mine.values)
+            self._views[b] = view
+        return self._views[b]
+
+    def _step_fn(self, b: int):
+        """The step for the current (length, batch) bucket: eager the first time (it initialises
+        what the graph reads), then compiled (reduce-overhead: CUDA graphs) when `compile`."""
+        key = (self.length, b)
+        if key not in self._warm:
+            self._warm.add(key)
+            return self._forward
+        if self.compile and key not in self._steps:
+            # one graph per bucket: more buckets than dynamo's default of 8 recompilations a function
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            self._steps[key] = torch.compile(self._forward, mode="reduce-overhead", dynamic=False)
+        return self._steps.get(key, self._forward)
+
+    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
         text = self.model.model.language_model
-        out = text(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                   **{self._cache_kw: self.cache})
+        out = text(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{self._cache_kw: cache})
         return self.model.lm_head(out.last_hidden_state[:, -1, :])
 
 
