@@ -561,15 +561,20 @@ def write_gap_doc(a) -> str:
             *call_vs_skip(a), "", *gap_lines(a), "", "![curves](paradox_gap_curves.png)", "",
             "![advantage gap](paradox_gap_advantage.png)", GAP_END]
     text = "\n".join(body)
-    path = a.docs / "paradox.md"
+    write_between(a.docs / "paradox.md", GAP_START, GAP_END, text)
+    return text
+
+
+def write_between(path: Path, start: str, end: str, text: str) -> None:
+    """`text` (which opens with `start` and closes with `end`) in place of the page's section between
+    those markers, or at the page's end."""
     doc = path.read_text() if path.exists() else ""
-    if GAP_START in doc:
-        head, rest = doc.split(GAP_START, 1)
-        doc = head + text + rest.split(GAP_END, 1)[1]
+    if start in doc:
+        head, rest = doc.split(start, 1)
+        doc = head + text + rest.split(end, 1)[1]
     else:
         doc += "\n" + text + "\n"
     path.write_text(doc)
-    return text
 
 
 def write_doc(a) -> str:
@@ -590,14 +595,7 @@ def write_doc(a) -> str:
             "training read \"not measured yet\"):", "",
             *claims(a, {rid: s for rid, s in summaries.items() if s["steps"] >= a.steps}), END]
     text = "\n".join(body)
-    path = a.docs / "paradox.md"
-    doc = path.read_text() if path.exists() else ""
-    if START in doc:
-        head, rest = doc.split(START, 1)
-        doc = head + text + rest.split(END, 1)[1]
-    else:
-        doc += "\n" + text + "\n"
-    path.write_text(doc)
+    write_between(a.docs / "paradox.md", START, END, text)
     return text
 
 
