@@ -652,7 +652,7 @@ def test_two_runs_on_one_out_folder_are_refused(samples, tmp_path):
     out = tmp_path / "r"
     out.mkdir()
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.path.insert(0, sys.argv[1]); "
-                               "from paravt.eval.run_dir import RunLock; l = RunLock(sys.argv[2]).__enter__(); "
+                               "from paravt.eval.run_dir import RunLock; l = RunLock(sys.argv[2]).acquire(); "
                                "print('held', flush=True); time.sleep(60)", str(Path(__file__).parents[1] / "src"),
                                str(out)], stdout=subprocess.PIPE, text=True)
     try:  # another process is writing there

@@ -82,6 +82,15 @@ class _Batch:
     positions: torch.Tensor  # (B,) long
     logits: torch.Tensor  # (B, vocab) float32
 
+    def select(self, keep: list[int]) -> "_Batch | None":
+        return _select(self, keep)
+
+    def decode(self, model) -> "_Batch":
+        return _decode(model, self)
+
+    def release(self) -> None:
+        """Nothing to give back: the cache goes with the batch."""
+
 
 @dataclass
 class _SlotBatch:
@@ -103,6 +112,9 @@ class _SlotBatch:
         return cls(batch.jobs + fresh.jobs, decoder, batch.slots + slots, torch.cat([batch.positions, fresh.positions]),
                    torch.cat([batch.logits, fresh.logits]))
 
+    def release(self) -> None:
+        self.decoder.release(self.slots)
+
     def select(self, keep: list[int]) -> "_SlotBatch | None":
         gone = [s for i, s in enumerate(self.slots) if i not in set(keep)]
         self.decoder.release(gone)
@@ -112,7 +124,7 @@ class _SlotBatch:
         return _SlotBatch([self.jobs[i] for i in keep], self.decoder, [self.slots[i] for i in keep],
                           self.positions.index_select(0, idx), self.logits.index_select(0, idx))
 
-    def decode(self) -> "_SlotBatch":
+    def decode(self, model) -> "_SlotBatch":
         self.logits = self.decoder.step(self.slots, [job.tokens[-1] for job in self.jobs], self.positions)
         self.positions = self.positions + 1
         return self
@@ -260,7 +272,7 @@ def _advance(renderer: Renderer, batch: "_Batch | _SlotBatch", banned: torch.Ten
                 keep.append(j)
         except Exception as e:  # noqa: BLE001 - a row's own bookkeeping (stop strings, streaming) fails it alone
             failed.append((job, e))
-    return (_select(batch, keep) if isinstance(batch, _Batch) else batch.select(keep)), done, failed
+    return batch.select(keep), done, failed
 
 
 def _decode(model, batch: _Batch) -> _Batch:
@@ -594,10 +606,9 @@ class HFBackend:
         that breaks the step fails alone and the others go on from where they were."""
         try:
             with torch.no_grad():
-                return _decode(self.model, batch) if isinstance(batch, _Batch) else batch.decode()
+                return batch.decode(self.model)
         except Exception:  # noqa: BLE001 - each row gets its own verdict below
-            if isinstance(batch, _SlotBatch):
-                batch.decoder.release(batch.slots)
+            batch.release()
             rebuilt = self._prefill_rows(batch.jobs, resume=True)
             return None if rebuilt is None else self._join(None, rebuilt)
 

@@ -172,8 +172,6 @@ class StaticDecoder:
         pos = torch.zeros((b,), dtype=torch.long, device=dev)
         pos[idx] = positions.to(dev)
         self.mask[:, self.w] = True  # each slot sees the token it writes now
-        for layer in self.cache.layers:
-            layer.cumulative_length.fill_(self.w)
         cache = self._view(b)
         for layer in cache.layers:
             layer.cumulative_length.fill_(self.w)

@@ -82,7 +82,8 @@ def eval_command(*, bench: str, data: str, videos: str | None, model: str | None
     from paravt.backends.base import BackendError
     from paravt.eval.benchmarks import BenchmarkError, load_benchmark
     from paravt.eval.metrics import endpoint_lines, score_line, summary_tables
-    from paravt.eval.runner import EvalAborted, ManifestMismatch, OutputError, RunDirBusy, eval_config, run_eval_async
+    from paravt.eval.run_dir import RunDirBusy
+    from paravt.eval.runner import EvalAborted, ManifestMismatch, OutputError, eval_config, run_eval_async
     from paravt.models import ModelLoadError
     from paravt.rewards import RewardConfig
 

@@ -52,7 +52,7 @@ class RunLock:
         self.path = Path(out) / LOCK
         self._fd: int | None = None
 
-    def __enter__(self) -> "RunLock":
+    def acquire(self) -> "RunLock":
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:  # a POSIX record lock: held per process, so a run of this process that was cut short
             # (KeyboardInterrupt leaves its task pending, its lock unreleased until collected) does
@@ -68,10 +68,16 @@ class RunLock:
         self._fd = fd
         return self
 
-    def __exit__(self, *exc) -> None:
+    def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)  # closing releases the lock
             self._fd = None
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
 class RunDirBusy(RuntimeError):

@@ -33,7 +33,7 @@ from paravt.agent import Episode, EpisodeConfig, run_episode
 from paravt.backends.base import Backend, BackendError
 from paravt.eval.benchmarks import BENCHMARKS, MissingVideo, Sample
 from paravt.eval.metrics import markdown, normalized_prediction, score_prediction, summarize
-from paravt.eval.run_dir import RunDirBusy, RunLock, input_digest, inputs_changed  # noqa: F401 (RunDirBusy: callers)
+from paravt.eval.run_dir import RunLock, input_digest, inputs_changed
 from paravt.eval.servers import check_servers, outage
 from paravt.rewards import RewardConfig
 from paravt.video import VideoError
@@ -436,7 +436,7 @@ async def run_eval_async(
         raise ValueError("no backend given")
     try:  # before anything is written: a dead server fails the run at once, with its cause
         await _preflight(out, man, pool, targets, missing, force, retry_errors)
-        lock = RunLock(out).__enter__()  # one run writes here at a time; released in the finally below
+        lock = RunLock(out).acquire()  # one run writes here at a time; released in the finally below
     except BaseException:
         if created:
             for b in pool.backends:
@@ -511,7 +511,7 @@ async def run_eval_async(
         for t in tasks:
             t.cancel()
         writer.close()
-        lock.__exit__()
+        lock.release()
         if own_prog:
             prog.stop()
         if created:

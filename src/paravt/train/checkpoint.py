@@ -29,8 +29,8 @@ RUN_FILE = "paravt_run.json"  # in OUT: a paravt run lives here (written before 
 def claim_run_dir(out: str | Path, kind: str, main: bool = True) -> None:
     """Make OUT a paravt run directory, or refuse before anything in it is touched: a run rotates,
     prunes and overwrites what it finds there (checkpoint*, step_*, config.json, log.jsonl), so a
-    folder that holds something and is not a paravt run (no RUN_FILE, no checkpoint or log of an
-    earlier paravt) is refused with CheckpointError, and nothing is written or deleted."""
+    folder that holds something and is not a paravt run (no RUN_FILE, no checkpoint of an earlier
+    paravt) is refused with CheckpointError, and nothing is written or deleted."""
     import json
 
     out = Path(out)
@@ -56,6 +56,10 @@ def claim_run_dir(out: str | Path, kind: str, main: bool = True) -> None:
         marker.write_text(json.dumps({"kind": kind}) + "\n")
 
 
+_MODEL_SUFFIXES = (".json", ".safetensors", ".jinja")
+_MODEL_NAMES = ("merges.txt", "vocab.txt", "tokenizer.model", SHARDS_DIR)
+
+
 def _ours(d: Path) -> bool:
     """Whether `d` is a checkpoint or snapshot a paravt run wrote: its marker or state file, or (from an
     earlier version, or a delete of one cut short) config.json beside only the files a model
@@ -66,8 +70,11 @@ def _ours(d: Path) -> bool:
     return "config.json" in names and all(n.endswith(_MODEL_SUFFIXES) or n in _MODEL_NAMES for n in names)
 
 
-_MODEL_SUFFIXES = (".json", ".safetensors", ".jinja")
-_MODEL_NAMES = ("merges.txt", "vocab.txt", "tokenizer.model", SHARDS_DIR)
+def _foreign(d: Path) -> str | None:
+    """Why the run must not replace or delete `d` (it exists and the run did not write it), or None."""
+    if d.exists() and not _ours(d):
+        return f"refusing to replace {d}: it is not a checkpoint a paravt run wrote (move it away)"
+    return None
 
 
 def checkpoint_dir(out: str | Path) -> Path:
@@ -104,8 +111,9 @@ def _remove(d: Path) -> None:
     leaves something that looks complete. A directory a run did not write is never deleted."""
     if not d.exists():
         return
-    if not _ours(d):
-        raise CheckpointError(f"refusing to delete {d}: it is not a checkpoint a paravt run wrote (move it away)")
+    why = _foreign(d)
+    if why:
+        raise CheckpointError(why)
     (d / OURS_FILE).touch()  # a delete cut short leaves it known as ours, to be deleted next time
     for name in (COMPLETE_FILE, STATE_FILE):
         (d / name).unlink(missing_ok=True)
@@ -174,8 +182,9 @@ def _needed_bytes(model, optimizer) -> int:
 
 def snapshot(checkpoint: Path, dest: Path) -> None:
     """A model-only copy of a checkpoint (what `paravt eval --model` and `paravt serve` load)."""
-    if dest.exists() and not _ours(dest):
-        raise CheckpointError(f"refusing to replace {dest}: it is not a snapshot a paravt run wrote (move it away)")
+    why = _foreign(dest)
+    if why:
+        raise CheckpointError(why)
     shutil.rmtree(dest, ignore_errors=True)
     shutil.copytree(checkpoint, dest, ignore=shutil.ignore_patterns(STATE_FILE, COMPLETE_FILE, SHARDS_DIR))
 
@@ -201,9 +210,8 @@ def save_checkpoint(out: str | Path, model, processor, state: dict[str, Any], ke
                               f"checkpoint in {Path(out)} (it still holds the last finite ones)")
     error = None
     if main:
-        for d in _leftovers(out):  # before anything moves: a folder the run did not write stays as it is
-            if d.exists() and not _ours(d):
-                error = f"refusing to replace {d}: it is not a checkpoint a paravt run wrote (move it away)"
+        # before anything moves: a folder the run did not write stays as it is
+        error = next(filter(None, map(_foreign, _leftovers(out))), None)
         Path(out).mkdir(parents=True, exist_ok=True)
         need = _needed_bytes(plain, optimizer) if plain is not None else 0
         free = shutil.disk_usage(Path(out)).free
