@@ -263,6 +263,18 @@ def test_out_at_a_folder_that_is_not_a_run_is_refused_and_left_as_it_was(split, 
     assert {str(p.relative_to(out)): p.read_text() for p in out.rglob("*") if p.is_file()} == files
 
 
+def test_a_folder_holding_only_its_own_log_is_a_new_run(split, tiny_dir, tmp_path):
+    """`paravt train sft ... | tee OUT/train.log` (and the campaign scripts) create the log before the
+    run starts: the run starts there and leaves the log alone."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "train.log").write_text("started\n")
+    cfg = SFTConfig(model=str(tiny_dir), data=str(split / "sft.parquet"), out=str(out), steps=1, batch_size=1,
+                    micro_batch_size=1, save_every=1, device="cpu", threads=1)
+    assert train_sft(cfg)["step"] == 1
+    assert (out / "train.log").read_text() == "started\n" and (out / "paravt_run.json").is_file()
+
+
 def test_a_run_never_deletes_a_folder_it_did_not_write(split, tiny_dir, tmp_path):
     """Inside a run's own folder, a checkpoint.old or step_N someone else put there survives the
     rotation and the pruning: the save refuses, saying which folder, and the step snapshots that are

@@ -30,7 +30,8 @@ def claim_run_dir(out: str | Path, kind: str, main: bool = True) -> None:
     """Make OUT a paravt run directory, or refuse before anything in it is touched: a run rotates,
     prunes and overwrites what it finds there (checkpoint*, step_*, config.json, log.jsonl), so a
     folder that holds something and is not a paravt run (no RUN_FILE, no checkpoint of an earlier
-    paravt) is refused with CheckpointError, and nothing is written or deleted."""
+    paravt) is refused with CheckpointError, and nothing is written or deleted. Log files (*.log) are
+    not counted: the run never writes one, and a user's `| tee OUT/train.log` creates it first."""
     import json
 
     out = Path(out)
@@ -46,8 +47,10 @@ def claim_run_dir(out: str | Path, kind: str, main: bool = True) -> None:
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"out: {out} is a file, not a folder")
     earlier = find_checkpoint(out) is not None  # a run of a paravt that wrote no RUN_FILE yet
-    if out.is_dir() and any(out.iterdir()) and not earlier:
-        shown = ", ".join(sorted(p.name for p in out.iterdir())[:5])
+    # a *.log beside the run (`| tee OUT/train.log`, the campaign scripts' logs) is never touched by it
+    theirs = [p for p in out.iterdir() if not (p.is_file() and p.suffix == ".log")] if out.is_dir() else []
+    if theirs and not earlier:
+        shown = ", ".join(sorted(p.name for p in theirs)[:5])
         raise CheckpointError(f"out: {out} is not empty ({shown}, ...) and is not a paravt run (it has no {RUN_FILE}); "
                               "a run rotates and deletes checkpoint folders and overwrites config.json and log.jsonl "
                               "there, so it refuses to start: pick a new or empty folder")
