@@ -546,16 +546,38 @@ def gap_lines(a) -> list[str]:
     return lines
 
 
+COLLAPSE = 0.1  # issue #37: vanilla's tools collapse when κ over the last tenth is at most this share of the first's
+
+
+def collapse_lines(a, summaries: dict) -> list[str]:
+    """Per run of the 2×2, whether vanilla's tool use collapsed (κ last ≤ COLLAPSE × κ first): the 2×2's question.
+    A run still training says where it is instead of a verdict."""
+    lines = []
+    for rid, name, seed in run_ids(a):
+        s = summaries.get(rid)
+        if s is None:
+            continue
+        what = f"- {LABELS[name][0]}, seed {seed}: κ {num(s['k_first'])} → {num(s['k_last'])}"
+        if s["steps"] < a.steps:
+            lines.append(f"{what} at step {s['steps']} of {a.steps}: still training, no verdict")
+            continue
+        ratio = s["k_last"] / s["k_first"] if s["k_first"] else math.nan
+        verdict = "**collapses**" if s["k_last"] <= COLLAPSE * s["k_first"] else "does not collapse"
+        lines.append(f"{what} (last/first {num(ratio)}): {verdict} (κ last ≤ {COLLAPSE:g} × κ first)")
+    return lines
+
+
 def write_gap_doc(a) -> str:
     """The 2×2's tables between their own markers (Table 2's section is left as it is)."""
     plot(a)
-    table, _ = main_table(a)
+    table, summaries = main_table(a)
     body = [GAP_START, f"Vanilla GRPO runs of {a.steps} steps (config `{shown(a.config)}`, vanilla's overrides: no "
             f"gating, no anchoring, no think prefix, no answer suffix), from `{shown(a.cold)}` (cold_400) and "
             f"`{shown(a.skip_cold)}` (the skip cold start), under paravt's reward and under `reward.release_compat`; "
             f"held-out accuracy on the first {a.limit} questions of `{shown(a.test)}`, greedy, parallel dispatch, "
             "without the think prefix, with the 95 % Wilson interval. fτ, κ: means over the first and the last tenth "
-            "of the steps (τ = 0.7 rollouts).", "", *table, "",
+            "of the steps (τ = 0.7 rollouts).", "", *table, "", "Which conditions collapse:", "",
+            *collapse_lines(a, summaries), "",
             f"In training at K = {max(a.k_choices)}, over the last third of each run's steps: the rollouts that call "
             "against those that skip (R: the episode's reward before shaping, under the run's own reward).", "",
             *call_vs_skip(a), "", *gap_lines(a), "", "![curves](paradox_gap_curves.png)", "",

@@ -171,4 +171,11 @@ def test_the_gap_testbed_is_vanilla_from_two_cold_starts_under_two_rewards(parad
     doc = (a.docs / "paradox.md").read_text()
     assert "Table 2" in doc and doc.index(paradox.END) < doc.index(paradox.GAP_START)
     assert "| vanilla GRPO, skip cold start, paravt reward | 1 | 10 |" in doc
+    assert "skip cold start, paravt reward, seed 1: κ 2.00 → 0.50 (last/first 0.25): does not collapse" in doc
+    write_run(a, "van_skip_rel_s1", (2, 0.1), (0.3, 0.4))
+    write_run(a, "van_cold_s1", (3, 0.1), (0.3, 0.4), steps=6, checkpoint=False)
+    paradox.write_doc(a)
+    doc = (a.docs / "paradox.md").read_text()
+    assert "skip cold start, release reward, seed 1: κ 2.00 → 0.10 (last/first 0.05): **collapses**" in doc
+    assert "cold_400, paravt reward, seed 1: κ 3.00 → 0.10 at step 6 of 10: still training, no verdict" in doc
     assert (a.docs / "paradox_gap_curves.png").exists()
