@@ -79,9 +79,20 @@ LABELS = {**RUNS, **GAP_RUNS}
 GAP_START, GAP_END = "<!-- gap 2x2: scripts/paradox.py --testbed gap --stage doc -->", "<!-- end of gap 2x2 -->"
 
 
+# --testbed collapse: Table 2's blocks A and B again, on the 2×2's condition whose vanilla run loses its tools
+# (its cold start is --cold, its reward --set; the first testbed's Table 2 is left as it is).
+COLLAPSE_RUNS = {name: v for name, v in RUNS.items() if name not in LATE}
+COL_START = "<!-- collapse table 2: scripts/paradox.py --testbed collapse --stage doc -->"
+COL_END = "<!-- end of collapse table 2 -->"
+
+
+def testbed(a) -> str:
+    return getattr(a, "testbed", "table2")
+
+
 def families(a) -> dict:
-    """The run families of the selected testbed: Table 2's, or the gap 2×2's."""
-    return GAP_RUNS if getattr(a, "testbed", "table2") == "gap" else RUNS
+    """The run families of the selected testbed: Table 2's, the gap 2×2's, or Table 2 A–B on the collapse."""
+    return {"gap": GAP_RUNS, "collapse": COLLAPSE_RUNS}.get(testbed(a), RUNS)
 MODES = ("parallel", "sequential", "inline", "none")
 START, END = "<!-- table 2: scripts/paradox.py --stage doc -->", "<!-- end of table 2 -->"
 
@@ -146,7 +157,7 @@ def models(a) -> dict[str, str]:
     training has a `checkpoint` too, its latest: evaluating it would leave that step's scores in a cell that
     resumes, never redone once the run finishes)."""
     out = {"base": str(a.base), "cold": str(a.cold)}
-    if getattr(a, "testbed", "table2") == "gap":
+    if testbed(a) == "gap":
         out["skip_cold"] = str(a.skip_cold)
     for rid, _, _ in run_ids(a):
         ckpt = a.out / "rl" / rid / "checkpoint"
@@ -170,7 +181,7 @@ def eval_dir(a, model: str, mode: str, k: int) -> Path:
 def eval_cells(a, ms: dict[str, str]) -> list[tuple[str, str, int]]:
     """(model, dispatch mode, K) of every cell: each model in parallel, plus block C."""
     cells = [(name, "parallel", k) for k in a.ks for name in ms]
-    if "para_s1" in ms:
+    if "para_s1" in ms and testbed(a) == "table2":
         cells += [("para_s1", mode, k) for mode in MODES[1:] for k in a.ks]
     return cells
 
@@ -341,7 +352,7 @@ def main_table(a) -> tuple[list[str], dict]:
              "|---|---|---|---|---|---|---|---|" + "---|" * len(a.ks)]
     summaries = {}
     starts = [("base", "base"), ("cold", "SFT cold start")]
-    if getattr(a, "testbed", "table2") == "gap":
+    if testbed(a) == "gap":
         starts += [("skip_cold", "skip cold start")]
     for name, label in starts:
         accs = " | ".join(acc_cell(a, name, "parallel", k) for k in a.ks)
@@ -438,6 +449,9 @@ def claims(a, summaries: dict) -> list[str]:
     nt, pk = g("no_tool", "k_last"), g("para", "k_last")
     claim("PARA-GRPO − R_tool loses the tools: κ last ≤ ½ × PARA-GRPO's (the paper: 0.04 against 0.21)",
           nt <= 0.5 * pk if have(nt, pk) else None, f"{num(nt)} vs {num(pk)}")
+    ao = g("anchoring_only", "k_last")
+    claim("anchoring only keeps fewer of the tools than PARA-GRPO: κ last below PARA-GRPO's",
+          ao < pk if have(ao, pk) else None, f"{num(ao)} vs {num(pk)}")
     for i, k in enumerate(a.ks):
         para = seed_mean([done_scores(a, f"para_s{s}", "parallel", k) for s in RUNS["para"][2]])
         van = seed_mean([done_scores(a, f"vanilla_s{s}", "parallel", k) for s in RUNS["vanilla"][2]])
@@ -450,6 +464,8 @@ def claims(a, summaries: dict) -> list[str]:
             claim(f"PARA-GRPO not below vanilla at K = {k} (paired interval's upper end ≥ 0)",
                   hi >= 0 if para and van else None,
                   f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] points" if para and van else "–")
+    if testbed(a) != "table2":  # block C is the first testbed's
+        return out
     par = [done_scores(a, "para_s1", "parallel", k) for k in a.ks]
     seq = [done_scores(a, "para_s1", "sequential", k) for k in a.ks]
     if all(par) and all(seq):
@@ -490,7 +506,7 @@ def plot(a) -> None:
             ax.set_title(title, fontsize=10)
             ax.set_xlabel("RL step")
     axes.flat[0].legend(fontsize=7)
-    what = "The gap 2×2" if getattr(a, "testbed", "table2") == "gap" else "Table 2"
+    what = {"gap": "The gap 2×2", "collapse": "Table 2 A–B on the collapse"}.get(testbed(a), "Table 2")
     fig.suptitle(f"{what} runs on the paradox testbed (moving average over {a.smooth} steps)")
     fig.tight_layout()
     fig.savefig(a.docs / f"{figure_prefix(a)}_curves.png", dpi=100)
@@ -531,7 +547,7 @@ def shown(path: Path) -> str:
 
 
 def figure_prefix(a) -> str:
-    return "paradox_gap" if getattr(a, "testbed", "table2") == "gap" else "paradox"
+    return {"gap": "paradox_gap", "collapse": "paradox_collapse"}.get(testbed(a), "paradox")
 
 
 def gap_lines(a) -> list[str]:
@@ -587,6 +603,27 @@ def write_gap_doc(a) -> str:
     return text
 
 
+def write_collapse_doc(a) -> str:
+    """Table 2 A–B on the collapse: its table, curves and claims between their own markers."""
+    plot(a)
+    table, summaries = main_table(a)
+    sets = ", ".join(f"`{x}`" for x in a.set) or "none"
+    body = [COL_START, f"Runs of {a.steps} steps from `{shown(a.cold)}` (config `{shown(a.config)}`, RL rows "
+            f"`{shown(a.train)}`; every run also: {sets}); held-out accuracy on the first {a.limit} questions of "
+            f"`{shown(a.test)}`, greedy, parallel dispatch, with the 95 % Wilson interval; vanilla evaluated "
+            "without the think prefix, as it was trained. fτ, κ: means over the first and the last tenth of the "
+            "steps (τ = 0.7 rollouts).", "", *table, "",
+            f"In training at K = {max(a.k_choices)}, over the last third of each run's steps (τ = 0.7): the rollouts "
+            "that call against those that skip (R: the episode's reward before shaping).", "", *call_vs_skip(a), "",
+            *gap_lines(a), "", "![curves](paradox_collapse_curves.png)", "",
+            "![advantage gap](paradox_collapse_advantage.png)", "",
+            "What reproduced (finished runs only, seed means where a family has two):", "",
+            *claims(a, {rid: s for rid, s in summaries.items() if s["steps"] >= a.steps}), COL_END]
+    text = "\n".join(body)
+    write_between(a.docs / "paradox.md", COL_START, COL_END, text)
+    return text
+
+
 def write_between(path: Path, start: str, end: str, text: str) -> None:
     """`text` (which opens with `start` and closes with `end`) in place of the page's section between
     those markers, or at the page's end."""
@@ -600,8 +637,10 @@ def write_between(path: Path, start: str, end: str, text: str) -> None:
 
 
 def write_doc(a) -> str:
-    if getattr(a, "testbed", "table2") == "gap":
+    if testbed(a) == "gap":
         return write_gap_doc(a)
+    if testbed(a) == "collapse":
+        return write_collapse_doc(a)
     plot(a)
     table, summaries = main_table(a)
     bare = "the base and the runs " + " and ".join(f"“{RUNS[n][0]}”" for n in RUNS if not think_prefix(f"{n}_s1"))
@@ -625,14 +664,16 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base", type=Path, default=ROOT / "src/paravt/assets/paradox-base")
     p.add_argument("--cold", type=Path, default=ROOT / "src/paravt/assets/paradox-cold")
-    p.add_argument("--testbed", choices=["table2", "gap"], default="table2",
-                   help="table2: the first testbed's Table 2 runs; gap: the second testbed's vanilla 2×2 (issue #37)")
+    p.add_argument("--testbed", choices=["table2", "gap", "collapse"], default="table2",
+                   help="table2: the first testbed's Table 2 runs; gap: the second testbed's vanilla 2×2 (issue #37); "
+                        "collapse: Table 2 A–B from --cold under --set, the 2×2's condition whose tools collapse")
     p.add_argument("--skip-cold", type=Path, default=Path("runs/paradox_testbed/skipcold_400"),
                    help="the skip cold start (scripts/paradox_testbed.py --stage skip), for --testbed gap")
     p.add_argument("--train", type=Path, default=None,
                    help="RL rows (default: data/paradox_train; gap: data/paradox_skip_train, the same questions)")
     p.add_argument("--test", type=Path, default=Path("data/paradox_test"))
-    p.add_argument("--out", type=Path, default=None, help="default: runs/paradox (gap: runs/paradox_gap)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="default: runs/paradox (gap: runs/paradox_gap, collapse: runs/paradox_collapse)")
     p.add_argument("--docs", type=Path, default=ROOT / "docs")
     p.add_argument("--config", type=Path, default=ROOT / "src/paravt/configs/grpo_tiny.yaml")
     p.add_argument("--steps", type=int, default=None, help="RL steps a run (default 300; gap: 100)")
@@ -647,10 +688,10 @@ def main() -> None:
     p.add_argument("--smooth", type=int, default=10)
     p.add_argument("--stage", choices=["all", "train", "eval", "doc", "status"], default="all")
     a = p.parse_args()
-    gap = a.testbed == "gap"
-    a.train = a.train or Path("data/paradox_skip_train" if gap else "data/paradox_train")
-    a.out = a.out or Path("runs/paradox_gap" if gap else "runs/paradox")
-    a.steps = a.steps or (100 if gap else 300)
+    second = a.testbed in ("gap", "collapse")  # the second testbed's questions, the skip oracle's rows
+    a.train = a.train or Path("data/paradox_skip_train" if second else "data/paradox_train")
+    a.out = a.out or Path({"gap": "runs/paradox_gap", "collapse": "runs/paradox_collapse"}.get(a.testbed, "runs/paradox"))
+    a.steps = a.steps or (100 if a.testbed == "gap" else 300)
     script = Path(sys.executable).parent / "paravt"
     a.paravt = [str(script)] if script.exists() else [sys.executable, "-m", "paravt"]
     if a.stage == "status":

@@ -179,3 +179,33 @@ def test_the_gap_testbed_is_vanilla_from_two_cold_starts_under_two_rewards(parad
     assert "skip cold start, release reward, seed 1: κ 2.00 → 0.10 (last/first 0.05): **collapses**" in doc
     assert "cold_400, paravt reward, seed 1: κ 3.00 → 0.10 at step 6 of 10: still training, no verdict" in doc
     assert (a.docs / "paradox_gap_curves.png").exists()
+
+
+def test_the_collapse_testbed_is_table_2_a_and_b_from_the_chosen_start_under_the_chosen_reward(paradox, tmp_path):
+    """--testbed collapse: blocks A and B (eight runs, no block C) from --cold with --set on every run, its
+    section under its own markers beside Table 2's and the 2×2's, with the anchoring-only κ claim."""
+    a = args(tmp_path, testbed="collapse", cold=tmp_path / "skip", set=["reward.release_compat=true"],
+             train=tmp_path / "train")
+    jobs = {next(x for x in cmd if x.startswith("out=")).rsplit("/", 1)[1]: cmd for cmd, _, _ in paradox.train_jobs(a)}
+    assert sorted(jobs) == sorted(["vanilla_s1", "vanilla_s2", "para_s1", "para_s2", "anchoring_only_s1",
+                                   "gating_only_s1", "no_tool_s1", "no_gamma_s1"])
+    for cmd in jobs.values():
+        sets = [cmd[i + 1] for i, x in enumerate(cmd) if x == "-o"]
+        assert "reward.release_compat=true" in sets and f"model={tmp_path / 'skip'}" in sets
+    for rid, kappa in (("vanilla_s1", (2, 0.1)), ("vanilla_s2", (2, 0.1)), ("para_s1", (2, 1.0)),
+                       ("para_s2", (2, 1.0)), ("anchoring_only_s1", (2, 0.4)), ("gating_only_s1", (2, 1.2))):
+        write_run(a, rid, kappa, (0.5, 0.9))
+    assert {m for m, mode, _ in paradox.eval_cells(a, paradox.models(a))} >= {"para_s1"}
+    assert {mode for _, mode, _ in paradox.eval_cells(a, paradox.models(a))} == {"parallel"}  # no block C
+    a.docs.mkdir()
+    (a.docs / "paradox.md").write_text(f"{paradox.START}\nTable 2\n{paradox.END}\n{paradox.GAP_START}\n2x2\n"
+                                       f"{paradox.GAP_END}\n")
+    paradox.write_doc(a)
+    doc = (a.docs / "paradox.md").read_text()
+    assert "Table 2\n" in doc and "2x2" in doc and doc.index(paradox.GAP_END) < doc.index(paradox.COL_START)
+    assert "every run also: `reward.release_compat=true`" in doc
+    assert "- vanilla GRPO loses the tools: κ last ≤ 0.1 × κ first (> 0): reproduced (κ 2.00 → 0.10)" in doc
+    assert "- gating only keeps more of the tools than vanilla: κ last ≥ 3 × vanilla's (and > 0): reproduced" in doc
+    assert "- anchoring only keeps fewer of the tools than PARA-GRPO: κ last below PARA-GRPO's: reproduced " \
+           "(0.40 vs 1.00)" in doc
+    assert "block C" not in doc and (a.docs / "paradox_collapse_curves.png").exists()
