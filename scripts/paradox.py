@@ -29,6 +29,12 @@ into runs/paradox_gap, its tables between their own markers in docs/paradox.md:
     python scripts/paradox.py --testbed gap --stage eval
     python scripts/paradox.py --testbed gap --stage doc
 
+`--testbed collapse` runs blocks A and B again on the 2×2's condition whose vanilla run loses its tools
+(the skip cold start under the release's reward), into runs/paradox_collapse, under their own markers:
+
+    python scripts/paradox.py --testbed collapse --cold runs/paradox_testbed/skipcold_400 \
+        --set reward.release_compat=true --stage train --jobs 2
+
 Each stage is a `paravt` command per cell (printed before it runs, so any cell can be rerun by
 hand); all of them resume, so rerunning continues where a run stopped.
 """
