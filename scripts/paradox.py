@@ -438,7 +438,7 @@ def claims(a, summaries: dict) -> list[str]:
     cv = closed(f0, f1)
     claim("vanilla GRPO does not repair the format: closes < ¼ of its gap to fτ = 1",
           cv < 0.25 if cv is not None else None, f"fτ {num(f0)} → {num(f1)}: {pct(cv)} of the gap")
-    for name in ("anchoring_only", "para", "para_no_prefix"):
+    for name in (n for n in ("anchoring_only", "para", "para_no_prefix") if n in families(a)):
         a0, a1 = g(name, "f_first"), g(name, "f_last")
         c = closed(a0, a1)
         claim(f"{RUNS[name][0]} repairs the format: closes ≥ ½ of its gap to fτ = 1, and more of it than vanilla",
