@@ -275,6 +275,33 @@ def test_a_folder_holding_only_its_own_log_is_a_new_run(split, tiny_dir, tmp_pat
     assert (out / "train.log").read_text() == "started\n" and (out / "paravt_run.json").is_file()
 
 
+def test_a_rank_that_lists_the_folder_while_the_main_rank_claims_it_goes_on(tmp_path, monkeypatch):
+    """torchrun: rank 1 finds no marker, then lists the folder just after rank 0 wrote its marker and its
+    first files. That folder is the run's, not a user's: rank 1 goes on (it used to refuse, one run in many)."""
+    from pathlib import Path
+
+    from paravt.train import checkpoint as ck
+
+    out = tmp_path / "run"
+    out.mkdir()
+    listing = Path.iterdir
+
+    def rank0_claims_first(self):
+        if self == out and not (out / ck.RUN_FILE).exists():
+            (out / ck.RUN_FILE).write_text('{"kind": "grpo"}\n')
+            (out / "config.json").write_text("{}")
+        return listing(self)
+
+    monkeypatch.setattr(Path, "iterdir", rank0_claims_first)
+    ck.claim_run_dir(out, "grpo", main=False)  # no CheckpointError
+    monkeypatch.setattr(Path, "iterdir", listing)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.json").write_text("{}")
+    with pytest.raises(ck.CheckpointError, match="not a paravt run"):
+        ck.claim_run_dir(mine, "grpo", main=False)
+
+
 def test_a_run_never_deletes_a_folder_it_did_not_write(split, tiny_dir, tmp_path):
     """Inside a run's own folder, a checkpoint.old or step_N someone else put there survives the
     rotation and the pruning: the save refuses, saying which folder, and the step snapshots that are
