@@ -36,6 +36,10 @@ def claim_run_dir(out: str | Path, kind: str, main: bool = True) -> None:
 
     out = Path(out)
     marker = out / RUN_FILE
+    # listed before the marker is read: the main rank writes its marker before any other file, so a rank
+    # whose listing caught the main rank's first files finds the marker below (torchrun's race)
+    # a *.log beside the run (`| tee OUT/train.log`, the campaign scripts' logs) is never touched by it
+    theirs = [p for p in out.iterdir() if not (p.is_file() and p.suffix == ".log")] if out.is_dir() else []
     if marker.is_file():
         try:
             was = json.loads(marker.read_text()).get("kind")
@@ -47,11 +51,7 @@ def claim_run_dir(out: str | Path, kind: str, main: bool = True) -> None:
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"out: {out} is a file, not a folder")
     earlier = find_checkpoint(out) is not None  # a run of a paravt that wrote no RUN_FILE yet
-    # a *.log beside the run (`| tee OUT/train.log`, the campaign scripts' logs) is never touched by it
-    theirs = [p for p in out.iterdir() if not (p.is_file() and p.suffix == ".log")] if out.is_dir() else []
-    # re-read the marker: on another rank, the main rank may have claimed the folder (marker first, then
-    # its files) between the check above and the listing
-    if theirs and not earlier and not marker.is_file():
+    if theirs and not earlier:
         shown = ", ".join(sorted(p.name for p in theirs)[:5])
         raise CheckpointError(f"out: {out} is not empty ({shown}, ...) and is not a paravt run (it has no {RUN_FILE}); "
                               "a run rotates and deletes checkpoint folders and overwrites config.json and log.jsonl "
