@@ -9,8 +9,10 @@ What it measures, in one process:
   per second), and from it the batch-1 decode limit: bandwidth / bytes of the weights (every decode
   step reads each weight once);
 - decode tokens/s of `HFBackend` at each batch size (forced to full length: end tokens ignored),
+  with the rows' prefill and without it (the time of the same call with one new token taken off),
   and the ratio of batch 1 to the limit, for each decode path (`--decodes`: eager, the DynamicCache
-  path, before; auto, the static-cache CUDA-graph path on a GPU, after);
+  path, before; static-graphs and static-compiled, the static-cache CUDA-graph paths, after), each
+  one's first call (where it captures or compiles) and whether its greedy tokens equal eager's;
 - the prefill of a 64-frame main-agent prompt (vision tower, DeepStack, M-RoPE);
 - transformers' `generate` at batch 1 on the same prompt, as a reference for the backend's own loop.
 The 8B model is Qwen3-VL-8B's architecture with random weights (`build_8b_random`): speed only.
@@ -77,13 +79,51 @@ def build(arch: str, device: str):
     return model.to(device), processor
 
 
-def decode_rate(backend: HFBackend, batch: int, tokens: int, frames: int) -> tuple[float, float]:
-    """(new tokens/s, seconds) of `batch` concurrent rows decoding `tokens` each after a short prompt."""
+def decode_rate(backend: HFBackend, batch: int, tokens: int, frames: int) -> tuple[float, float, list[int]]:
+    """(new tokens/s, seconds, row 0's tokens) of `batch` concurrent rows decoding `tokens` each."""
     reqs = [request(frames, 64, tokens, seed=s) for s in range(batch)]
     t = time.perf_counter()
     out = backend.generate_sync(reqs)
     wall = time.perf_counter() - t
-    return sum(o.completion_tokens for o in out) / wall, wall
+    return sum(o.completion_tokens for o in out) / wall, wall, list(out[0].token_ids or [])
+
+
+def same_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def measure_mode(rows: dict, model, processor, mode: str, batches: list[int], args, save) -> None:
+    """One decode path: per batch size, the first call (a capture or a compile happens there) and then
+    the timed one; `rows` is written after each, so a run stopped by its time limit keeps what it has."""
+    backend = HFBackend(model, processor, max_batch=max(batches), decode=mode)
+    backend.renderer.stop_ids = set()  # full length: every row decodes `tokens`
+    rows["decode"][backend.decode] = per_batch = {}
+    for b in batches:
+        t = time.perf_counter()
+        backend.generate_sync([request(args.frames, 64, 8, seed=s) for s in range(b)])
+        first = time.perf_counter() - t
+        rate, wall, toks = decode_rate(backend, b, args.tokens, args.frames)
+        _, prefill, _ = decode_rate(backend, b, 1, args.frames)  # the same rows' prefill and first token alone
+        steps = max(wall - prefill, 1e-9)
+        per_batch[str(b)] = {"tok_s": rate, "wall_s": wall, "first_call_s": first, "prefill_s": prefill,
+                             "decode_tok_s": b * (args.tokens - 1) / steps, "step_ms": 1000 * steps / (args.tokens - 1)}
+        if b == 1:
+            rows["greedy_tokens"][backend.decode] = toks
+            ref = rows["greedy_tokens"].get("eager")
+            if ref is not None and backend.decode != "eager":
+                per_batch["1"]["greedy_same_as_eager"] = same_prefix(ref, toks)
+            rows[f"batch1_share_of_limit/{backend.decode}"] = per_batch["1"]["decode_tok_s"] / rows["limit_batch1_tok_s"]
+        failed = getattr(backend._static, "failed", None)
+        if failed:
+            per_batch["capture_failed"] = failed
+        print(f"decode {backend.decode}, batch {b}: {rate:.1f} tok/s with the prefill ({wall:.2f} s), "
+              f"{per_batch[str(b)]['decode_tok_s']:.1f} tok/s decoding ({per_batch[str(b)]['step_ms']:.2f} ms a step); "
+              f"first call {first:.1f} s"
+              + (f" [capture failed: {failed}]" if failed else ""), flush=True)
+        save()
 
 
 def generate_rate(model, backend: HFBackend, tokens: int, frames: int) -> float:
@@ -107,7 +147,9 @@ def main() -> None:
     ap.add_argument("--arch", choices=["tiny", "8b"], default="tiny")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--batches", default="1,8,32,64")
-    ap.add_argument("--decodes", default="eager,auto", help="hf backend decode paths to measure, in order")
+    ap.add_argument("--decodes", default="eager,static-graphs,static-compiled",
+                    help="hf backend decode paths to measure (static-compiled last: it compiles for minutes at 8B)")
+    ap.add_argument("--eager-batches", default=None, help="batch sizes for the eager path (default: --batches)")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--frames", type=int, default=4, help="frames in the decode rows' prompts")
     ap.add_argument("--prefill-frames", type=int, default=64)
@@ -122,34 +164,48 @@ def main() -> None:
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     text_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "visual" not in n)
     batches = [int(b) for b in args.batches.split(",")]
+    eager_batches = [int(b) for b in (args.eager_batches or args.batches).split(",")]
     rows = {"arch": args.arch, "device": device, "device_name": torch.cuda.get_device_name() if device == "cuda" else
             "cpu", "torch": torch.__version__, "transformers": __import__("transformers").__version__,
             "bandwidth_gbs": bw / 1e9, "weight_gb": weight_bytes / 1e9, "text_weight_gb": text_bytes / 1e9,
-            "limit_batch1_tok_s": bw / text_bytes, "decode": {}}
-    for mode in args.decodes.split(","):  # before (eager) and after (the static path) in one process
-        backend = HFBackend(model, processor, max_batch=max(batches), decode=mode)
-        backend.renderer.stop_ids = set()  # full length: every row decodes `tokens`
-        for b in batches:  # warm-up: the static path compiles a graph per cache bucket
-            backend.generate_sync([request(args.frames, 64, 8, seed=s) for s in range(b)])
-        rows["decode"][backend.decode] = per_batch = {}
-        for b in batches:
-            rate, wall = decode_rate(backend, b, args.tokens, args.frames)
-            per_batch[str(b)] = {"tok_s": rate, "wall_s": wall}
-            print(f"decode {backend.decode}, batch {b}: {rate:.1f} tok/s ({wall:.2f} s)", flush=True)
-        one = per_batch.get("1", {}).get("tok_s")
-        if one:
-            rows[f"batch1_share_of_limit/{backend.decode}"] = one / rows["limit_batch1_tok_s"]
-    t = time.perf_counter()
-    backend.generate_sync([request(args.prefill_frames, args.prefill_side, 1)])
-    rows["prefill_s"] = time.perf_counter() - t
-    rows["prefill_frames"] = f"{args.prefill_frames} x {args.prefill_side}^2"
-    rows["generate_batch1_tok_s"] = generate_rate(model, backend, min(args.tokens, 64), args.frames)
-    if device.startswith("cuda"):
-        rows["peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
-    print(json.dumps(rows, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            "limit_batch1_tok_s": bw / text_bytes, "tokens": args.tokens, "decode": {}, "greedy_tokens": {},
+            "errors": {}}
+
+    def save() -> None:
+        if device.startswith("cuda"):
+            rows["peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+
+    def attempt(name: str, fn) -> None:  # one part failing leaves the others' figures
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - recorded in the results, the run goes on
+            rows["errors"][name] = f"{type(e).__name__}: {e}"[:1000]
+            print(f"{name} failed: {rows['errors'][name]}", flush=True)
+        save()
+
+    modes = args.decodes.split(",")
+    extra = [m for m in modes if m == "static-compiled"]  # minutes of compiling at 8B: measured last
+    for mode in [m for m in modes if m not in extra]:
+        attempt(mode, lambda: measure_mode(rows, model, processor, mode, eager_batches if mode == "eager" else
+                                           batches, args, save))
+
+    def prefill() -> None:
+        backend = HFBackend(model, processor, max_batch=1, decode="eager")
+        backend.generate_sync([request(2, 64, 1)])  # warm-up
+        t = time.perf_counter()
+        backend.generate_sync([request(args.prefill_frames, args.prefill_side, 1)])
+        sync(device)
+        rows["prefill_s"] = time.perf_counter() - t
+        rows["prefill_frames"] = f"{args.prefill_frames} x {args.prefill_side}^2"
+        rows["generate_batch1_tok_s"] = generate_rate(model, backend, min(args.tokens, 64), args.frames)
+
+    attempt("prefill", prefill)
+    for mode in extra:
+        attempt(mode, lambda: measure_mode(rows, model, processor, mode, batches, args, save))
+    print(json.dumps({k: v for k, v in rows.items() if k != "greedy_tokens"}, indent=1))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 from rich.console import Console
 from rich.table import Table
 
@@ -28,11 +30,49 @@ from paravt.agent import EpisodeConfig, run_episode
 from paravt.backends.hf import HFBackend
 from paravt.backends.scripted import ScriptedBackend
 from paravt.models.tiny import build_8b_random, build_tiny
-from paravt.synth.render import make_spec, write_video
+from paravt.synth.render import make_spec, render_frame, write_video
 from paravt.video import VideoReader
+from paravt.video.frames import Frame
+from paravt.video.sampling import overview_times, resize_to_budget, sample_times
 
 THINK = "The event is short and falls between overview frames; I look closer.</think>\n"
 ANSWER = "The summaries settle it.</think><answer>A</answer>"
+
+
+class RenderedReader:
+    """The reader's interface over frames rendered from the video's spec, for machines without PyAV
+    (the GPU image): the episode's model work is the same, only the decoding is left out."""
+
+    def __init__(self, spec) -> None:
+        self.spec, self.path, self.duration = spec, Path("rendered.mp4"), spec.duration
+        self.size = resize_to_budget(spec.size, spec.size)
+
+    def _frames(self, times: list[float]) -> list[Frame]:
+        from PIL import Image
+
+        h, w = self.size
+        return [Frame(np.asarray(Image.fromarray(render_frame(self.spec, t)).resize((w, h), Image.BILINEAR)), t, t)
+                for t in times]
+
+    async def aoverview(self, k: int) -> list[Frame]:
+        return self._frames(overview_times(self.duration, k))
+
+    async def acrop(self, start: float, end: float, fps: float = 1.0, max_frames: int = 16,
+                    num_frames: int | None = None) -> list[Frame]:
+        return self._frames(sample_times(start, end, fps, max_frames, num_frames, duration=self.duration,
+                                         source_fps=self.spec.fps))
+
+    def close(self) -> None:
+        pass
+
+
+def open_video(spec):
+    """A real decoded video where PyAV is installed, else the rendered frames of the same spec."""
+    try:
+        import av  # noqa: F401
+    except ImportError:
+        return RenderedReader(spec), "rendered (no PyAV)"
+    return VideoReader(write_video(spec, Path(tempfile.mkdtemp()) / "bench.mp4")), "decoded by PyAV"
 
 
 def script(mode: str, windows: list[tuple[float, float]]) -> list[str]:
@@ -41,9 +81,9 @@ def script(mode: str, windows: list[tuple[float, float]]) -> list[str]:
     return [THINK + "\n".join(P.format_tool_call(a, b) for a, b in windows), ANSWER]
 
 
-def episode(model, processor, reader: VideoReader, mode: str, windows, frames: int, sub_tokens: int):
-    hf = HFBackend(model, processor, batch_wait_ms=5)
-    hf.renderer.stop_ids = set()  # every sub-agent generates exactly sub_tokens: no early end token
+def episode(hf: HFBackend, reader: VideoReader, mode: str, windows, frames: int, sub_tokens: int):
+    """One scripted episode on `hf` (one backend for the whole run: its CUDA graphs are kept)."""
+    hf.batch_sizes.clear()
 
     def count(req):
         r = hf.renderer.render(req.messages, prefix=req.prefix)
@@ -54,7 +94,7 @@ def episode(model, processor, reader: VideoReader, mode: str, windows, frames: i
                         sub_max_new_tokens=sub_tokens)
     ep = asyncio.run(run_episode(backend, reader, "Which colour was the shape?", cfg))
     assert ep.n_executed_calls == len(windows), (mode, ep.n_executed_calls)
-    return ep, hf.batch_sizes
+    return ep, list(hf.batch_sizes)
 
 
 def main() -> None:
@@ -66,6 +106,7 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="also write the rows here")
     ap.add_argument("--arch", choices=["tiny", "8b"], default="tiny")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--decode", default="auto", help="the hf backend's decode path (see HFBackend)")
     args = ap.parse_args()
     if args.arch == "8b":
         import torch
@@ -74,9 +115,12 @@ def main() -> None:
     else:
         model, processor = build_tiny(seed=0)
         model.to(args.device)
-    video = write_video(make_spec(5, min_len=300, max_len=300), Path(tempfile.mkdtemp()) / "bench.mp4")
-    reader = VideoReader(video)
-    episode(model, processor, reader, "parallel", [(20.0, 30.0)], args.frames, 4)  # warm-up
+    reader, frames_from = open_video(make_spec(5, min_len=300, max_len=300))
+    print(f"frames: {frames_from}", flush=True)
+    hf = HFBackend(model, processor, batch_wait_ms=5, decode=args.decode)
+    hf.renderer.stop_ids = set()  # every sub-agent generates exactly sub_tokens: no early end token
+    for n in range(1, args.max_n + 1):  # warm-up: each batch size's graph is captured (or compiled) here
+        episode(hf, reader, "parallel", [(20.0 + 50 * i, 30.0 + 50 * i) for i in range(n)], args.frames, 4)
 
     rows = []
     for n in range(1, args.max_n + 1):
@@ -85,7 +129,7 @@ def main() -> None:
         for mode in ("parallel", "sequential", "inline"):
             times = []
             for _ in range(args.repeats):
-                ep, batches = episode(model, processor, reader, mode, windows, args.frames, args.sub_tokens)
+                ep, batches = episode(hf, reader, mode, windows, args.frames, args.sub_tokens)
                 times.append(ep.wall_time)
             last = ep.turns[-1].generation
             row[mode] = {"wall_s": statistics.median(times), "main_prompt_tokens": last.prompt_tokens,
@@ -95,7 +139,8 @@ def main() -> None:
     reader.close()
 
     table = Table(title=f"episode wall time (median of {args.repeats}) and the final main context; {args.arch} Qwen3-VL, "
-                        f"{args.device}, K={args.frames}, 10 s crops, {args.sub_tokens} tokens per sub-agent")
+                        f"{args.device}, decode {hf.decode}, K={args.frames}, 10 s crops, {args.sub_tokens} tokens "
+                        "per sub-agent")
     for col in ("N", "parallel s", "sequential s", "seq/par", "par main tokens (visual)",
                 "inline main tokens (visual)", "sub batches par", "sub batches seq"):
         table.add_column(col, justify="right")
@@ -110,6 +155,8 @@ def main() -> None:
     Console().print(table)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
+    if getattr(hf._static, "failed", None):
+        print(f"decode {hf.decode}: capturing failed, the steps ran eagerly: {hf._static.failed}")
 
 
 if __name__ == "__main__":

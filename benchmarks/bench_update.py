@@ -117,14 +117,23 @@ def compare(argv: list[str]) -> None:
     if "--json" in argv:  # both rows go there together, written here (each run would overwrite the other)
         j = argv.index("--json")
         json_path, argv = argv[j + 1], argv[:j] + argv[j + 2:]
-    for mode in ("off", "on"):
+    for mode in ("on", "off"):  # packed first: the figure the trainer runs with; a failing mode leaves the other
         args = [a for a in argv]
         i = args.index("--packing")
         args[i + 1] = mode
         res = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True)
-        if res.returncode:
-            sys.exit(res.stderr[-4000:])
-        rows[mode] = json.loads(res.stdout[res.stdout.index("{"):])
+        if res.returncode or "{" not in res.stdout:
+            print(f"packing {mode} failed (exit {res.returncode}):\n{res.stderr[-3000:]}", file=sys.stderr, flush=True)
+            rows[mode] = {"error": res.stderr.strip().splitlines()[-1][-500:] if res.stderr.strip() else
+                          f"exit {res.returncode}"}
+        else:
+            rows[mode] = json.loads(res.stdout[res.stdout.index("{"):])
+        if json_path:
+            with open(json_path, "w") as f:
+                json.dump({"padded": rows.get("off"), "packed": rows.get("on")}, f, indent=1)
+    if any("error" in r for r in rows.values()):
+        print(json.dumps({"padded": rows["off"], "packed": rows["on"]}))
+        sys.exit(1)
     keys = ("forward_passes", "tokens", "update_s", "tokens_per_s", "update_cpu_s", "tokens_per_cpu_s", "peak_gpu_gb",
             "peak_rss_gb", "mfu", "loss")
     print(f"{'':>16} {'padded':>14} {'packed':>14}")

@@ -7,6 +7,9 @@
 #
 #   benchmarks/gpu.sh            # on the GPU machine; results in ${OUT:-gpu_out}/ and docs/gpu.md
 #   benchmarks/gpu.sh cpu        # a dry run here: gpu_out/, its table in gpu_out/gpu_cpu.md
+#
+# Wheels in .whl/ (say transformers, for the version the figures should be measured with) are
+# installed into a folder of their own first, ahead of the image's packages.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-gpu}
@@ -14,14 +17,23 @@ out=${OUT:-gpu_out}
 mkdir -p "$out"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
+if compgen -G ".whl/*.whl" >/dev/null; then
+  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/paravt_site .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/paravt_site"
+fi
+"$py" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader \
+  | tee "$out/machine.txt"
 if [ "$mode" = cpu ]; then
   arch=tiny; dev=cpu; doc=$out/gpu_cpu.md
-  dec=(--batches 1,8 --tokens 32 --prefill-side 64 --decodes eager,static)
+  dec=(--batches 1,8 --tokens 32 --prefill-side 64 --decodes eager,static,static-compiled)
   upd=(--rollouts 2 --frames 4 --subs 1 --turn-tokens 64 --summary-tokens 32 --sub-tokens 32 --system-tokens 100)
-  epi=(--repeats 1 --frames 4 --sub-tokens 8)
+  epi=(--repeats 1 --frames 4 --sub-tokens 8 --decode static)
 else
   arch=8b; dev=cuda; doc=docs/gpu.md
-  dec=(--tokens 64); upd=(--dtype bf16 --rollouts 4); epi=(--frames 64 --sub-tokens 16)
+  # static-compiled is measured last in its step: inductor compiles each bucket for minutes at 8B
+  dec=(--tokens 64 --batches 1,32,8,64 --eager-batches 1,32 --decodes eager,static-graphs,static-compiled)
+  upd=(--dtype bf16 --rollouts 4); epi=(--frames 64 --sub-tokens 16 --repeats 1 --decode static-graphs)
 fi
 step() {  # name, timeout, command...: each step's log and exit status; one failing step does not stop the rest
   local name=$1 limit=$2; shift 2
@@ -29,7 +41,7 @@ step() {  # name, timeout, command...: each step's log and exit status; one fail
   timeout "$limit" "$@" 2>&1 | tee "$out/$name.log"
   echo "${PIPESTATUS[0]}" > "$out/$name.rc"
 }
-step decode 270 "$py" benchmarks/bench_decode.py --arch "$arch" --device "$dev" "${dec[@]}" --json "$out/decode.json"
-step update 200 "$py" benchmarks/bench_update.py --arch "$arch" --device "$dev" --packing both "${upd[@]}" --json "$out/update.json"
+step decode 280 "$py" benchmarks/bench_decode.py --arch "$arch" --device "$dev" "${dec[@]}" --json "$out/decode.json"
+step update 190 "$py" benchmarks/bench_update.py --arch "$arch" --device "$dev" --packing both "${upd[@]}" --json "$out/update.json"
 step episode 90 "$py" benchmarks/bench_episode.py --arch "$arch" --device "$dev" "${epi[@]}" --json "$out/episode.json"
 "$py" benchmarks/gpu_report.py "$out" --doc "$doc"

@@ -75,6 +75,22 @@ def test_decode_modes_are_checked(tiny):
         HFBackend(model, processor, decode="fast")
 
 
+def test_a_step_that_cannot_be_captured_runs_eagerly_with_the_same_tokens(tiny):
+    """static-graphs where CUDA graphs cannot be recorded (here: no GPU) warns once, says why in
+    `failed`, and decodes on, eagerly, to the tokens and logprobs of the eager path."""
+    model, processor = tiny
+    eager = HFBackend(model, processor, decode="eager", max_batch=4)
+    graphs = HFBackend(model, processor, decode="static-graphs", max_batch=4)
+    reqs = [request(i, 2, 12) for i in range(3)]
+    want = eager.generate_sync(reqs)
+    with pytest.warns(RuntimeWarning, match="capturing the step failed"):
+        got = graphs.generate_sync(reqs)
+    assert graphs._static.failed
+    for w, g in zip(want, got):
+        assert g.token_ids == w.token_ids
+        np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-5)
+
+
 def test_device_sampling_matches_the_per_row_sampler_and_isolates_nan_rows():
     """`choose_on_device` (one host sync a step) draws what hf's per-row `_choose_row` draws with the
     same seeded generators, greedy and sampled (top-p included); a NaN row is reported alone."""

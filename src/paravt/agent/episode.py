@@ -7,6 +7,7 @@ overview (K timestamped frames) -> main turn -> the turn's crop_video calls run 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -46,7 +47,7 @@ async def run_episode(
         raise ValueError(f"question_type must be one of {', '.join(P.QUESTION_TYPES)}, got {question_type!r}")
     emit: EventHook = on_event or (lambda name, payload: None)
     t0 = time.perf_counter()
-    own = not isinstance(video, VideoReader)
+    own = isinstance(video, (str, os.PathLike))  # else an open reader (a VideoReader, or one with its interface)
     # probing opens and reads the file: off the event loop, so concurrent episodes keep going;
     # a URL's reads get the model calls' deadline
     reader = await asyncio.to_thread(VideoReader, video, timeout_s=cfg.model_timeout_s) if own else video

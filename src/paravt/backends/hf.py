@@ -361,8 +361,9 @@ class HFBackend:
     small models on CPU); prefills keep torch's setting. max_model_len: prompt + max_new_tokens
     limit (default: the model's max_position_embeddings). decode: "eager" (a DynamicCache, each step
     the whole model's forward), "static" (`static_decode`: a static cache in slots through the text
-    decoder), "static-compiled" (the same, each step a CUDA graph), or "auto": static-compiled on a
-    GPU, eager on a CPU."""
+    decoder), "static-graphs" (the same, each step a CUDA graph recorded from the eager step),
+    "static-compiled" (each step a CUDA graph of inductor's fused kernels, compiled per bucket), or
+    "auto": static-graphs on a GPU, eager on a CPU."""
 
     name = "hf"
 
@@ -387,8 +388,8 @@ class HFBackend:
         self.decode = _decode_mode(decode, model)
         self._static: StaticDecoder | None = None
         if self.decode != "eager":
-            self._static = StaticDecoder(model, slots=max_batch, cap=self.max_model_len,
-                                         compile=self.decode == "static-compiled")
+            capture = {"static": "none", "static-graphs": "graphs", "static-compiled": "compile"}[self.decode]
+            self._static = StaticDecoder(model, slots=max_batch, cap=self.max_model_len, capture=capture)
         self._banned: torch.Tensor | None = None
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -618,17 +619,17 @@ def _failure(e: BaseException) -> BackendError:
     return e if isinstance(e, BackendError) else BackendError(f"hf generation failed: {type(e).__name__}: {e}")
 
 
-DECODE_MODES = ("auto", "eager", "static", "static-compiled")
+DECODE_MODES = ("auto", "eager", "static", "static-graphs", "static-compiled")
 
 
 def _decode_mode(decode: str, model) -> str:
-    """The decode path to use (see HFBackend): auto is static-compiled on a GPU with sdpa attention
+    """The decode path to use (see HFBackend): auto is static-graphs on a GPU with sdpa attention
     (the static path builds sdpa's boolean mask), eager elsewhere."""
     if decode not in DECODE_MODES:
         raise ValueError(f"decode must be one of {', '.join(DECODE_MODES)}, got {decode!r}")
     attn = getattr(model.config.get_text_config(), "_attn_implementation", None)
     if decode == "auto":
-        return "static-compiled" if model.device.type == "cuda" and attn == "sdpa" else "eager"
+        return "static-graphs" if model.device.type == "cuda" and attn == "sdpa" else "eager"
     if decode != "eager" and attn != "sdpa":
         raise ValueError(f"decode={decode} needs sdpa attention; the model uses {attn}")
     return decode

@@ -47,7 +47,7 @@ class StaticDecoder:
     model: object
     slots: int
     cap: int  # the model's context: no bucket is longer
-    compile: bool = False
+    capture: str = "none"  # "none" (eager steps), "graphs" (torch.cuda.CUDAGraph), "compile" (torch.compile)
     cache: object = None  # transformers.StaticCache
     length: int = 0
     mask: torch.Tensor | None = None  # (slots, length) bool: which columns each slot attends to
@@ -55,6 +55,9 @@ class StaticDecoder:
     free: list[int] = field(default_factory=list)
     _steps: dict = field(default_factory=dict)  # (length, batch) -> step function (compiled on CUDA)
     _warm: set = field(default_factory=set)
+    _graphs: dict = field(default_factory=dict)  # (length, batch) -> replay function (capture="graphs")
+    _pool: object = None  # the graphs' shared memory pool: they never run at the same time
+    failed: str | None = None  # why capturing was given up (the steps then run eagerly)
     _views: dict = field(default_factory=dict)  # batch -> StaticCache over the first slots
 
     def __post_init__(self) -> None:
@@ -84,6 +87,7 @@ class StaticDecoder:
             mask[:, :n] = self.mask[:, :n]
         self.cache, self.length, self.mask = cache, length, mask
         self._views = {}  # views of the old cache: made again on demand
+        self._graphs = {}  # captured over the old cache's addresses
 
     def _shift(self, d: int) -> None:
         """Move every row's columns by `d` (right when > 0, left when < 0); `w` moves with them."""
@@ -202,16 +206,63 @@ class StaticDecoder:
 
     def _step_fn(self, b: int):
         """The step for the current (length, batch) bucket: eager the first time (it initialises
-        what the graph reads), then compiled (reduce-overhead: CUDA graphs) when `compile`."""
+        what a graph reads), then captured: one CUDA graph a bucket, recorded from the eager step
+        (`graphs`: no compiler, a capture costs one step) or compiled by inductor (`compile`:
+        reduce-overhead, fused kernels, minutes of compiling a bucket at 8B). A capture that fails
+        is reported once (`failed`) and the steps go on eagerly: slower, the same tokens."""
         key = (self.length, b)
-        if key not in self._warm:
+        if key not in self._warm or self.capture == "none" or self.failed:
             self._warm.add(key)
             return self._forward
-        if self.compile and key not in self._steps:
-            # one graph per bucket: more buckets than dynamo's default of 8 recompilations a function
-            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-            self._steps[key] = torch.compile(self._forward, mode="reduce-overhead", dynamic=False)
-        return self._steps.get(key, self._forward)
+        if self.capture == "compile":
+            if key not in self._steps:
+                # one graph per bucket: more buckets than dynamo's default of 8 recompilations a function
+                torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+                self._steps[key] = torch.compile(self._forward, mode="reduce-overhead", dynamic=False)
+            return self._guarded(self._steps[key])
+        if key in self._graphs:
+            return self._guarded(self._graphs[key])
+        return self._guarded(lambda ids, pos, mask, cache: self._capture(key, ids, pos, mask, cache))
+
+    def _guarded(self, fn):
+        """`fn`, falling back to the eager step for good if it raises (a capture or a compile failed)."""
+        def run(ids, pos, mask, cache):
+            try:
+                return fn(ids, pos, mask, cache)
+            except Exception as e:  # noqa: BLE001 - any failure to capture leaves the eager step, which works
+                self.failed = f"{type(e).__name__}: {e}"[:500]
+                self._graphs, self._steps = {}, {}
+                import warnings
+
+                warnings.warn(f"static decode: capturing the step failed, steps run eagerly from now on ({self.failed})",
+                              RuntimeWarning, stacklevel=2)
+                return self._forward(ids, pos, mask, cache)
+        return run
+
+    def _capture(self, key: tuple, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
+        """Record this bucket's step as a CUDA graph (`torch.cuda.CUDAGraph`), keep its replay, run it.
+        The graph reads the token ids and positions from buffers of its own, the mask and the cache
+        from their fixed addresses (a new cache length is a new bucket: `_allocate` drops the
+        graphs), and writes the logits into its own output, which the caller copies at once."""
+        static_ids, static_pos = ids.clone(), pos.contiguous().clone()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(side):  # capture on a side stream, as torch.cuda.graph does
+            with torch.cuda.graph(graph, pool=self._pool, stream=side):
+                out = self._forward(static_ids, static_pos, mask, cache)
+        torch.cuda.current_stream().wait_stream(side)
+
+        def replay(ids, pos, mask, cache):  # mask and cache: the captured ones (same addresses)
+            static_ids.copy_(ids)
+            static_pos.copy_(pos)
+            graph.replay()
+            return out
+
+        self._graphs[key] = replay
+        return replay(ids, pos, mask, cache)
 
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
         text = self.model.model.language_model
