@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import time
+from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -86,6 +87,26 @@ def decode_rate(backend: HFBackend, batch: int, tokens: int, frames: int) -> tup
     out = backend.generate_sync(reqs)
     wall = time.perf_counter() - t
     return sum(o.completion_tokens for o in out) / wall, wall, list(out[0].token_ids or [])
+
+
+def profile(backend: HFBackend, batch: int, tokens: int, frames: int, out: Path) -> dict:
+    """One timed call under torch.profiler: the ops and kernels by their own time (a table in `out`),
+    and how busy the device was over the call's wall time (kernel time / wall)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    cuda = str(backend.model.device).startswith("cuda")
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch_profile(activities=acts) as prof:
+        t = time.perf_counter()
+        decode_rate(backend, batch, tokens, frames)
+        wall = time.perf_counter() - t
+    events = prof.key_averages()
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"decode_{backend.decode}_b{batch}.txt").write_text(events.table(sort_by=key, row_limit=25))
+    busy = sum(getattr(e, key, 0) for e in events) / 1e6 if cuda else None
+    return {"wall_s": wall, "device_busy_share": busy / wall if busy is not None else None}
 
 
 def same_prefix(a: list[int], b: list[int]) -> int:
@@ -156,6 +177,8 @@ def main() -> None:
     ap.add_argument("--prefill-side", type=int, default=448)
     ap.add_argument("--copy-gib", type=float, default=None, help="size of the bandwidth copy (default 4 GPU, 0.25 CPU)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--profile", type=Path, default=None,
+                    help="also profile one call at batch 1 and 32 of the first static path: tables in this folder")
     args = ap.parse_args()
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     gib = args.copy_gib or (4.0 if device.startswith("cuda") else 0.25)
@@ -205,6 +228,18 @@ def main() -> None:
     attempt("prefill", prefill)
     for mode in extra:
         attempt(mode, lambda: measure_mode(rows, model, processor, mode, batches, args, save))
+    static = [m for m in modes if m != "eager"]
+    if args.profile and static:
+        def profiled() -> None:
+            backend = HFBackend(model, processor, max_batch=max(batches), decode=static[0])
+            backend.renderer.stop_ids = set()
+            rows["profile"] = {}
+            for b in (1, 32):
+                backend.generate_sync([request(args.frames, 64, 8, seed=s) for s in range(b)])  # captures
+                rows["profile"][str(b)] = profile(backend, b, 16, args.frames, args.profile)
+                print(f"profile {backend.decode}, batch {b}: {rows['profile'][str(b)]}", flush=True)
+
+        attempt("profile", profiled)
     print(json.dumps({k: v for k, v in rows.items() if k != "greedy_tokens"}, indent=1))
 
 

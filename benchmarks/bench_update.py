@@ -39,6 +39,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -121,6 +122,9 @@ def compare(argv: list[str]) -> None:
         args = [a for a in argv]
         i = args.index("--packing")
         args[i + 1] = mode
+        if mode == "off" and "--profile" in args:  # the profile is of the trainer's path only (time is short)
+            j = args.index("--profile")
+            args = args[:j] + args[j + 2:]
         res = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True)
         if res.returncode or "{" not in res.stdout:
             print(f"packing {mode} failed (exit {res.returncode}):\n{res.stderr[-3000:]}", file=sys.stderr, flush=True)
@@ -177,6 +181,8 @@ def main() -> None:
                     help="tiny arch: resize the vocabulary to this (151936: Qwen's), to see the output head's memory")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--profile", type=Path, default=None,
+                    help="after the timed update, profile a second one: a table of ops and kernels in this folder")
     args = ap.parse_args()
     if args.packing == "both":
         return compare(sys.argv[1:])
@@ -247,6 +253,19 @@ def main() -> None:
            "mfu": mfu if cuda else None, "param_bytes_per_process_gb": param_bytes(model) / 2**30,
            "peak_gpu_gb": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
            "peak_rss_gb": None if cuda else rss["gb"], "loss": metrics["loss"]}
+    if args.profile:  # a second update, under the profiler (its figures are not the row's)
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=acts) as prof:
+            _update(cfg, engine, model, model, ref, renderer, opt, params, mine, 1)
+            if cuda:
+                torch.cuda.synchronize()
+        if engine.main:
+            args.profile.mkdir(parents=True, exist_ok=True)
+            key = "self_device_time_total" if cuda else "self_cpu_time_total"
+            name = f"update_{'packed' if cfg.packing else 'padded'}.txt"
+            (args.profile / name).write_text(prof.key_averages().table(sort_by=key, row_limit=30))
     if engine.main:
         print(json.dumps(row, indent=1))
         if args.json:
