@@ -80,13 +80,13 @@ def build(arch: str, device: str):
     return model.to(device), processor
 
 
-def decode_rate(backend: HFBackend, batch: int, tokens: int, frames: int) -> tuple[float, float, list[int]]:
-    """(new tokens/s, seconds, row 0's tokens) of `batch` concurrent rows decoding `tokens` each."""
+def decode_rate(backend: HFBackend, batch: int, tokens: int, frames: int) -> tuple[float, float, tuple[list, list]]:
+    """(new tokens/s, seconds, row 0's (tokens, logprobs)) of `batch` concurrent rows decoding `tokens` each."""
     reqs = [request(frames, 64, tokens, seed=s) for s in range(batch)]
     t = time.perf_counter()
     out = backend.generate_sync(reqs)
     wall = time.perf_counter() - t
-    return sum(o.completion_tokens for o in out) / wall, wall, list(out[0].token_ids or [])
+    return sum(o.completion_tokens for o in out) / wall, wall, (list(out[0].token_ids or []), list(out[0].logprobs or []))
 
 
 def profile(backend: HFBackend, batch: int, tokens: int, frames: int, out: Path) -> dict:
@@ -135,7 +135,14 @@ def measure_mode(rows: dict, model, processor, mode: str, batches: list[int], ar
             rows["greedy_tokens"][backend.decode] = toks
             ref = rows["greedy_tokens"].get("eager")
             if ref is not None and backend.decode != "eager":
-                per_batch["1"]["greedy_same_as_eager"] = same_prefix(ref, toks)
+                n = same_prefix(ref[0], toks[0])
+                per_batch["1"]["greedy_same_as_eager"] = n
+                # the size of the bf16 difference: the chosen tokens' log-probabilities while the paths agree,
+                # and, where they part, how far apart the two choices were in eager's own distribution
+                diffs = [abs(a - b) for a, b in zip(ref[1][:n], toks[1][:n])]
+                per_batch["1"]["max_logprob_diff_while_equal"] = max(diffs) if diffs else None
+                if n < min(len(ref[0]), len(toks[0])):
+                    per_batch["1"]["logprobs_where_they_part"] = [ref[1][n], toks[1][n]]
             rows[f"batch1_share_of_limit/{backend.decode}"] = per_batch["1"]["decode_tok_s"] / rows["limit_batch1_tok_s"]
         failed = getattr(backend._static, "failed", None)
         if failed:

@@ -74,6 +74,13 @@ def decode_table(d: dict) -> str:
     if same:
         text += ("Greedy tokens at batch 1 equal to eager's: " + ", ".join(f"{m} the first {n} of {d.get('tokens', '?')}"
                                                                          for m, n in same.items()) + ". ")
+        for m in same:
+            r = d["decode"][m]["1"]
+            if r.get("max_logprob_diff_while_equal") is not None:
+                text += f"{m}: the chosen tokens' log π differ by at most {r['max_logprob_diff_while_equal']:.3g} while equal"
+                part = r.get("logprobs_where_they_part")
+                text += (f"; where they part, eager's choice has log π {part[0]:.3f} and {m}'s {part[1]:.3f} (each "
+                         "in its own path's distribution). " if part else ". ")
     if "prefill_s" in d:
         text += f"Prefill of {d['prefill_frames']} frames: {d['prefill_s']:.2f} s. "
     if "generate_batch1_tok_s" in d:
