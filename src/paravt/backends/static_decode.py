@@ -251,7 +251,8 @@ class StaticDecoder:
         side.wait_stream(torch.cuda.current_stream())
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.stream(side):  # capture on a side stream, as torch.cuda.graph does
-            with torch.cuda.graph(graph, pool=self._pool, stream=side):
+            # thread_local: CUDA work of other threads (a server's, a trainer's) does not spoil the capture
+            with torch.cuda.graph(graph, pool=self._pool, stream=side, capture_error_mode="thread_local"):
                 out = self._forward(static_ids, static_pos, mask, cache)
         torch.cuda.current_stream().wait_stream(side)
 
