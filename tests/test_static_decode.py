@@ -91,6 +91,30 @@ def test_a_step_that_cannot_be_captured_runs_eagerly_with_the_same_tokens(tiny):
         np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-5)
 
 
+def test_graphs_are_dropped_when_the_weights_move_and_kept_when_loaded_in_place(tiny):
+    """FSDP2 gathers the weights into new memory before each rollout phase: a graph captured over
+    the old addresses would read freed memory, silently. The decoder drops its graphs where any
+    weight moved, and keeps them where weights were loaded in place (their addresses unchanged)."""
+    import torch
+
+    model, processor = build_tiny(seed=0)
+    b = HFBackend(model, processor, decode="static", max_batch=2)
+    dec = b._static
+    dec.capture = "graphs"  # the bookkeeping of the GPU path; a CPU step is never captured
+    dec._step_fn = lambda batch: dec._forward  # (no capture on CPU)
+    b.generate_sync([request(0, 1, 3)])
+    dec._graphs[(dec.length, 1)] = "captured"
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p * 1.0)  # in place: same addresses
+    b.generate_sync([request(0, 1, 3)])
+    assert dec._graphs == {(dec.length, 1): "captured"}
+    moved = next(model.model.language_model.layers[0].parameters())
+    moved.data = moved.data.clone()  # new memory, as an unshard gives
+    b.generate_sync([request(0, 1, 3)])
+    assert dec._graphs == {}
+
+
 def test_device_sampling_matches_the_per_row_sampler_and_isolates_nan_rows():
     """`choose_on_device` (one host sync a step) draws what hf's per-row `_choose_row` draws with the
     same seeded generators, greedy and sampled (top-p included); a NaN row is reported alone."""

@@ -58,6 +58,7 @@ class StaticDecoder:
     _graphs: dict = field(default_factory=dict)  # (length, batch) -> replay function (capture="graphs")
     _pool: object = None  # the graphs' shared memory pool: they never run at the same time
     failed: str | None = None  # why capturing was given up (the steps then run eagerly)
+    _weights: tuple = ()  # the parameters' addresses the graphs were captured over
     _views: dict = field(default_factory=dict)  # batch -> StaticCache over the first slots
 
     def __post_init__(self) -> None:
@@ -134,6 +135,7 @@ class StaticDecoder:
     def admit(self, keys_values: list[tuple[torch.Tensor, torch.Tensor]], attention: torch.Tensor) -> list[int]:
         """Copy a prefill's rows into free slots (their K/V per layer, (n, H, Lp, D), left-padded as
         `attention` (n, Lp) says); returns each row's slot."""
+        self._check_weights()
         n, width = attention.shape
         if n > len(self.free):
             raise RuntimeError(f"{n} rows joining, {len(self.free)} slots free")
@@ -149,6 +151,19 @@ class StaticDecoder:
         self.mask[idx] = False
         self.mask[idx, lo:self.w] = attention.to(self.mask.device).bool()
         return slots
+
+    def _check_weights(self) -> None:
+        """A captured graph reads each weight at the address it had at capture. Weights loaded in
+        place (`reload_weights`, an optimizer step) keep their addresses; weights gathered anew
+        (FSDP2 unshards into fresh memory before each rollout phase) do not, and a graph over the
+        old addresses would read freed memory without an error. So where any weight moved, the
+        graphs (and inductor's compiled steps) are dropped and captured again."""
+        if self.capture == "none":
+            return
+        where = tuple(p.data_ptr() for p in self.model.parameters())
+        if where != self._weights:
+            self._weights = where
+            self._graphs, self._steps, self._warm = {}, {}, set()
 
     def release(self, slots: list[int]) -> None:
         for s in slots:
