@@ -121,14 +121,18 @@ class Engine:
             model.requires_grad_(False).eval()
         elif self.activation_checkpointing:
             # transformers >= 5.2x names it activation_checkpointing_enable(activation_checkpointing_kwargs=...);
-            # the older gradient_checkpointing_enable(gradient_checkpointing_kwargs=...) takes the same settings
+            # the older gradient_checkpointing_enable(gradient_checkpointing_kwargs=...) takes the same settings.
+            # every_n_layers: only where memory needs it, the others keep their activations
+            every = {"every_n_layers": self.checkpoint_every} if self.checkpoint_every > 1 else {}
             if hasattr(model, "activation_checkpointing_enable"):
-                # every_n_layers (transformers >= 5.2x): only where memory needs it, the others keep activations
-                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False},
-                                                      **({"every_n_layers": self.checkpoint_every}
-                                                         if self.checkpoint_every > 1 else {}))
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False}, **every)
             else:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                import inspect
+
+                if every and "every_n_layers" not in inspect.signature(model.gradient_checkpointing_enable).parameters:
+                    raise ValueError(f"checkpoint_every: {self.checkpoint_every} needs a transformers whose "
+                                     "checkpointing takes every_n_layers; this one checkpoints every layer or none")
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False}, **every)
         if self.kind == "fsdp":
             return _shard(model, self)
         if self.kind == "ddp" and not frozen:
