@@ -105,7 +105,9 @@ def profile(backend: HFBackend, batch: int, tokens: int, frames: int, out: Path)
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
     out.mkdir(parents=True, exist_ok=True)
     (out / f"decode_{backend.decode}_b{batch}.txt").write_text(events.table(sort_by=key, row_limit=25))
-    busy = sum(getattr(e, key, 0) for e in events) / 1e6 if cuda else None
+    # the kernels alone (an op's own device time is its kernels' again): their time over the wall time
+    busy = sum(e.self_device_time_total for e in events
+               if e.device_type == torch.autograd.DeviceType.CUDA) / 1e6 if cuda else None
     return {"wall_s": wall, "device_busy_share": busy / wall if busy is not None else None}
 
 
@@ -138,7 +140,7 @@ def measure_mode(rows: dict, model, processor, mode: str, batches: list[int], ar
                 n = same_prefix(ref[0], toks[0])
                 per_batch["1"]["greedy_same_as_eager"] = n
                 # the size of the bf16 difference: the chosen tokens' log-probabilities while the paths agree,
-                # and, where they part, how far apart the two choices were in eager's own distribution
+                # and, where they part, each path's log-probability of its own choice
                 diffs = [abs(a - b) for a, b in zip(ref[1][:n], toks[1][:n])]
                 per_batch["1"]["max_logprob_diff_while_equal"] = max(diffs) if diffs else None
                 if n < min(len(ref[0]), len(toks[0])):
