@@ -425,7 +425,7 @@ def claims(a, summaries: dict) -> list[str]:
         return all(x is not None for x in xs)
 
     def pct(x: float | None) -> str:
-        return "–" if x is None else f"{100 * x:.0f} %"
+        return "–" if x is None else f"{round(100 * x)} %"  # an int: no "-0 %" for a hair below zero
 
     k0, k1, f0, f1 = (g("vanilla", k) for k in ("k_first", "k_last", "f_first", "f_last"))
     claim("vanilla GRPO loses the tools: κ last ≤ 0.1 × κ first (> 0)",
