@@ -101,7 +101,7 @@ def test_graphs_are_dropped_when_the_weights_move_and_kept_when_loaded_in_place(
     b = HFBackend(model, processor, decode="static", max_batch=2)
     dec = b._static
     dec.capture = "graphs"  # the bookkeeping of the GPU path; a CPU step is never captured
-    dec._step_fn = lambda batch: dec._forward  # (no capture on CPU)
+    dec._run_step = lambda batch, *step: dec._forward(*step)  # (no capture on CPU)
     b.generate_sync([request(0, 1, 3)])
     dec._graphs[(dec.length, 1)] = "captured"
     with torch.no_grad():

@@ -195,7 +195,7 @@ class StaticDecoder:
         for layer in cache.layers:
             layer.cumulative_length.fill_(self.w)
         mask = self.mask[:b].view(b, 1, 1, self.length)
-        logits = self._step_fn(b)(ids, pos.view(1, b, 1).expand(3, b, 1), mask, cache)
+        logits = self._run_step(b, ids, pos.view(1, b, 1).expand(3, b, 1), mask, cache)
         self.w += 1
         return logits.index_select(0, idx).float()
 
@@ -219,40 +219,34 @@ class StaticDecoder:
             self._views[b] = view
         return self._views[b]
 
-    def _step_fn(self, b: int):
-        """The step for the current (length, batch) bucket: eager the first time (it initialises
-        what a graph reads), then captured: one CUDA graph a bucket, recorded from the eager step
-        (`graphs`: no compiler, a capture costs one step) or compiled by inductor (`compile`:
-        reduce-overhead, fused kernels, minutes of compiling a bucket at 8B). A capture that fails
-        is reported once (`failed`) and the steps go on eagerly: slower, the same tokens."""
+    def _run_step(self, b: int, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
+        """The step of the current (length, batch) bucket: eager the first time (it initialises what a
+        graph reads), then captured: one CUDA graph a bucket, recorded from the eager step (`graphs`:
+        no compiler, a capture costs one step) or compiled by inductor (`compile`: reduce-overhead,
+        fused kernels, minutes of compiling a bucket at 8B). A capture that fails is reported once
+        (`failed`) and the steps go on eagerly: slower, the same tokens."""
         key = (self.length, b)
         if key not in self._warm or self.capture == "none" or self.failed:
             self._warm.add(key)
-            return self._forward
-        if self.capture == "compile":
-            if key not in self._steps:
-                # one graph per bucket: more buckets than dynamo's default of 8 recompilations a function
-                torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-                self._steps[key] = torch.compile(self._forward, mode="reduce-overhead", dynamic=False)
-            return self._guarded(self._steps[key])
-        if key in self._graphs:
-            return self._guarded(self._graphs[key])
-        return self._guarded(lambda ids, pos, mask, cache: self._capture(key, ids, pos, mask, cache))
+            return self._forward(ids, pos, mask, cache)
+        try:
+            if self.capture == "compile":
+                if key not in self._steps:
+                    # one graph per bucket: more buckets than dynamo's default of 8 recompilations a function
+                    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+                    self._steps[key] = torch.compile(self._forward, mode="reduce-overhead", dynamic=False)
+                return self._steps[key](ids, pos, mask, cache)
+            if key in self._graphs:
+                return self._graphs[key](ids, pos)
+            return self._capture(key, ids, pos, mask, cache)
+        except Exception as e:  # noqa: BLE001 - any failure to capture leaves the eager step, which works
+            self.failed = f"{type(e).__name__}: {e}"[:500]
+            self._graphs, self._steps = {}, {}
+            import warnings
 
-    def _guarded(self, fn):
-        """`fn`, falling back to the eager step for good if it raises (a capture or a compile failed)."""
-        def run(ids, pos, mask, cache):
-            try:
-                return fn(ids, pos, mask, cache)
-            except Exception as e:  # noqa: BLE001 - any failure to capture leaves the eager step, which works
-                self.failed = f"{type(e).__name__}: {e}"[:500]
-                self._graphs, self._steps = {}, {}
-                import warnings
-
-                warnings.warn(f"static decode: capturing the step failed, steps run eagerly from now on ({self.failed})",
-                              RuntimeWarning, stacklevel=2)
-                return self._forward(ids, pos, mask, cache)
-        return run
+            warnings.warn(f"static decode: capturing the step failed, steps run eagerly from now on ({self.failed})",
+                          RuntimeWarning, stacklevel=2)
+            return self._forward(ids, pos, mask, cache)
 
     def _capture(self, key: tuple, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
         """Record this bucket's step as a CUDA graph (`torch.cuda.CUDAGraph`), keep its replay, run it.
@@ -271,14 +265,14 @@ class StaticDecoder:
                 out = self._forward(static_ids, static_pos, mask, cache)
         torch.cuda.current_stream().wait_stream(side)
 
-        def replay(ids, pos, mask, cache):  # mask and cache: the captured ones (same addresses)
+        def replay(ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:  # the mask and cache: at their addresses
             static_ids.copy_(ids)
             static_pos.copy_(pos)
             graph.replay()
             return out
 
         self._graphs[key] = replay
-        return replay(ids, pos, mask, cache)
+        return replay(ids, pos)
 
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
         text = self.model.model.language_model
