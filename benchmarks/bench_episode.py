@@ -75,6 +75,11 @@ def open_video(spec):
     return VideoReader(write_video(spec, Path(tempfile.mkdtemp()) / "bench.mp4")), "decoded by PyAV"
 
 
+def crops(n: int) -> list[tuple[float, float]]:
+    """n windows of 10 s, 50 s apart."""
+    return [(20.0 + 50 * i, 30.0 + 50 * i) for i in range(n)]
+
+
 def script(mode: str, windows: list[tuple[float, float]]) -> list[str]:
     if mode == "sequential":
         return [THINK + P.format_tool_call(a, b) for a, b in windows] + [ANSWER]
@@ -120,11 +125,11 @@ def main() -> None:
     hf = HFBackend(model, processor, batch_wait_ms=5, decode=args.decode)
     hf.renderer.stop_ids = set()  # every sub-agent generates exactly sub_tokens: no early end token
     for n in range(1, args.max_n + 1):  # warm-up: each batch size's graph is captured (or compiled) here
-        episode(hf, reader, "parallel", [(20.0 + 50 * i, 30.0 + 50 * i) for i in range(n)], args.frames, 4)
+        episode(hf, reader, "parallel", crops(n), args.frames, 4)
 
     rows = []
     for n in range(1, args.max_n + 1):
-        windows = [(20.0 + 50 * i, 30.0 + 50 * i) for i in range(n)]
+        windows = crops(n)
         row: dict = {"n": n}
         for mode in ("parallel", "sequential", "inline"):
             times = []
