@@ -15,6 +15,15 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
+def pytest_collection_modifyitems(config, items):
+    """The files that hold `slow` tests (processes, servers, training runs: a minute or more each) run
+    first. xdist hands whole files to its workers in collection order (`--dist loadfile
+    --no-loadscope-reorder`, pyproject.toml); its own order, by test count, started these last, and the
+    run ended with one worker finishing a long file alone while the other core idled."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)  # stable: the order within each file is kept
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     """A freshly built tiny Qwen3-VL saved with save_pretrained (seed 0); tests only read it."""
