@@ -331,3 +331,19 @@ def test_reported_logprobs_are_the_sampling_distributions(tiny, temperature):
     at_one = torch.log_softmax(logits, -1).gather(-1, target)[:, 0].numpy()
     np.testing.assert_allclose(c.logprobs, at_tau, atol=1e-4)
     assert np.abs(np.array(c.logprobs) - at_one).max() > 1e-2
+
+
+def test_the_cache_goes_by_the_name_this_transformers_takes(tiny):
+    """transformers 5.24 renamed forward's `past_key_values` to `cache` (the old name warns, and goes in
+    5.40); 5.17, the GPU image's, knows only the old one. Generation passes whichever the model takes."""
+    import inspect
+    import warnings
+
+    model, processor = tiny
+    takes_cache = "cache" in inspect.signature(type(model).forward).parameters
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        HFBackend(model, processor).generate_sync([GenerateRequest(msgs(), max_new_tokens=3)])
+    renamed = [str(w.message) for w in seen if "past_key_values" in str(w.message)]
+    assert not renamed, renamed
+    assert takes_cache or "past_key_values" in inspect.signature(type(model).forward).parameters

@@ -42,7 +42,7 @@ import torch
 
 from paravt.backends.base import BackendError, Completion, GenerateRequest, RequestRejected
 from paravt.chat import Rendered, Renderer
-from paravt.backends.static_decode import StaticDecoder, choose_on_device
+from paravt.backends.static_decode import StaticDecoder, cache_kwarg, choose_on_device
 from paravt.policy import is_greedy, model_inputs, policy_log_softmax, sequence_logprobs
 
 __all__ = ["HFBackend", "IncrementalText", "Rendered", "Renderer", "default_decode_threads", "model_inputs",
@@ -153,7 +153,7 @@ def _prefill(model, renderer: Renderer, jobs: list[_Job], resume: bool = False) 
     inputs = model_inputs(model, renderer, rows, [j.rendered.images for j in jobs])
     position_ids = inputs.pop("position_ids")
     cache = DynamicCache(config=model.config.get_text_config())
-    out = model(**inputs, position_ids=position_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    out = model(**inputs, position_ids=position_ids, use_cache=True, logits_to_keep=1, **{cache_kwarg(type(model)): cache})
     positions = position_ids.max(dim=-1).values.max(dim=0).values + 1  # (B,) next text position per row
     return _Batch(jobs, cache, inputs["attention_mask"], positions, out.logits[:, -1, :].float())
 
@@ -283,8 +283,8 @@ def _decode(model, batch: _Batch) -> _Batch:
     ids = torch.tensor([job.tokens[-1] for job in batch.jobs], device=device).view(n, 1)
     # a text token's three M-RoPE positions (time, height, width) are equal
     pos = batch.positions.view(1, n, 1).expand(3, n, 1)
-    out = model(input_ids=ids, attention_mask=batch.attention, position_ids=pos, past_key_values=batch.cache,
-                use_cache=True)
+    out = model(input_ids=ids, attention_mask=batch.attention, position_ids=pos, use_cache=True,
+                **{cache_kwarg(type(model)): batch.cache})
     batch.logits = out.logits[:, -1, :].float()
     batch.positions = batch.positions + 1
     return batch

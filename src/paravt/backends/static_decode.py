@@ -24,6 +24,7 @@ work there (masked columns, copies), and there is no launch overhead to save.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass, field
 
@@ -38,6 +39,14 @@ def bucket(n: int, cap: int) -> int:
     while length < n:
         length *= 2
     return min(length, max(cap, n))
+
+
+@functools.lru_cache(maxsize=None)
+def cache_kwarg(cls: type) -> str:
+    """The name a model class's forward takes its KV cache by: `cache` in newer transformers (5.24 here), which
+    deprecates `past_key_values` and drops it in 5.40; `past_key_values` in older ones (5.17, the GPU image's,
+    knows no other name)."""
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
 @dataclass
@@ -64,7 +73,7 @@ class StaticDecoder:
     def __post_init__(self) -> None:
         self.free = list(range(self.slots))
         text = self.model.model.language_model
-        self._cache_kw = "cache" if "cache" in inspect.signature(text.forward).parameters else "past_key_values"
+        self._cache_kw = cache_kwarg(type(text))
 
     # ---- the cache
 
