@@ -164,6 +164,42 @@ def test_upload_over_the_limit_is_413_and_leaves_nothing(tmp_path):
     assert list((tmp_path / "uploads").iterdir()) == []
 
 
+def test_an_upload_that_stalls_is_given_up_and_leaves_nothing(tmp_path):
+    """Over a real uvicorn server and a raw socket: a client that sends part of its body, then
+    nothing, gets a 408 once the gap passes `upload_idle_s`; the half-written file is removed."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    app = create_app(AppSettings(upload_idle_s=1.0), backend_factory=scripted, upload_dir=tmp_path / "u")
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.perf_counter() + 20
+        while not server.started:
+            assert thread.is_alive() and time.perf_counter() < deadline, "the test server did not start"
+            time.sleep(0.02)
+        sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        sock.sendall(b"PUT /api/upload?name=clip.mp4 HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     b"Content-Length: 100000\r\n\r\n" + b"x" * 1000)  # then nothing more
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            part = sock.recv(4096)
+            if not part:
+                break
+            answer += part
+        sock.close()
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        assert b"the upload stalled: nothing arrived for 1 s" in answer
+        assert [p for p in (tmp_path / "u").rglob("*") if p.is_file()] == []
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
 def test_a_file_that_is_not_a_video_is_a_clear_400(tmp_path, video):
     (tmp_path / "media").mkdir()
     (tmp_path / "media" / "broken.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42 not really a video" * 10)

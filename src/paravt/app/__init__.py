@@ -23,6 +23,7 @@ HTTP interface (JSON errors are `{"error": "message"}`):
 - `GET /api/media`: the video files under --media-root (relative paths; empty without one).
 - `PUT /api/upload?name=clip.mp4`: the video as the raw body (no multipart parser needed). Over
   --max-upload-mb: 413, from Content-Length before anything is stored, else while it streams in.
+  An upload that stalls (nothing for 60 s, `AppSettings.upload_idle_s`): 408, and nothing is kept.
   A file paravt cannot read as a video: 400 with the decoder's reason. Answers `{id, name, duration}`.
 - `POST /api/ask` (JSON `{video: {upload: ID} | {media: REL}, question, frames, mode, model,
   question_type}`): a `text/event-stream` (read with fetch, not EventSource, so that the API key

@@ -165,9 +165,24 @@ def api_info(settings: AppSettings) -> dict:
             "max_episodes": settings.max_episodes}
 
 
+async def _chunks_while_they_come(request, idle_s: float):
+    """The body's chunks, each within `idle_s` of the last: a client that stops sending (a dead link,
+    a slowloris) gets a 408 instead of holding its connection and a half-written file for ever. It
+    is a gap, not a deadline for the whole body, which would cut honest uploads over slow links."""
+    reading = request.stream().__aiter__()
+    while True:
+        try:
+            yield await asyncio.wait_for(reading.__anext__(), idle_s)
+        except StopAsyncIteration:
+            return
+        except asyncio.TimeoutError:
+            raise AppError(408, f"the upload stalled: nothing arrived for {idle_s:g} s") from None
+
+
 async def upload_video(state: AppState, request, name: str):
     """PUT /api/upload: the raw body stored under a random id (413 over the limit, from
-    Content-Length or while it streams in), then opened as a video (400 if it is not one)."""
+    Content-Length or while it streams in; 408 if it stalls), then opened as a video (400 if it is
+    not one)."""
     from paravt.video import VideoError, VideoReader
 
     limit = state.settings.max_upload_bytes
@@ -181,7 +196,7 @@ async def upload_video(state: AppState, request, name: str):
     size = 0
     try:
         with open(path, "wb") as f:
-            async for chunk in request.stream():
+            async for chunk in _chunks_while_they_come(request, state.settings.upload_idle_s):
                 size += len(chunk)
                 if size > limit:
                     raise AppError(413, too_big)

@@ -9,6 +9,7 @@ from paravt.backends.base import Backend
 VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".ts", ".flv", ".wmv")
 ASSETS = ("app.html", "app.js", "app.css", "episode.js", "episode.css")  # in paravt/report/assets
 MAX_UPLOAD_MB = 512
+UPLOAD_IDLE_S = 60.0  # an upload that sends nothing for this long is given up (408): a slow one goes on
 MAX_ASK_BYTES = 256 * 1024  # a question is text; anything larger is not one
 KEEP_UPLOADS = 16  # uploaded videos kept on disk; the oldest goes first
 KEEP_EPISODES = 32  # finished traces kept for GET /api/episodes/ID
@@ -35,6 +36,7 @@ class AppSettings:
 
     media_root: Optional[Path] = None
     max_upload_bytes: int = MAX_UPLOAD_MB * 1024 * 1024
+    upload_idle_s: float = UPLOAD_IDLE_S
     api_key: Optional[str] = None
     default_model: Optional[str] = None  # None: $PARAVT_MODEL, else the shipped model (as paravt ask)
     default_frames: int = 64
