@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from servetools import free_port, paravt_server
+from servetools import Server, paravt_server
 
 from paravt.agent import Episode
 from paravt.app import AppError, AppSettings, create_app, resolve_media
@@ -103,24 +103,12 @@ def test_events_stream_in_the_episodes_own_order(tmp_path, video):
 def test_a_client_that_goes_away_cancels_its_episode(tmp_path, video):
     """Over a real uvicorn server (TestClient buffers a whole response): the page leaves while the
     sub-agents run (each batch would take 30 s), and the episode stops at once."""
-    import threading
-
-    import uvicorn
-
     backend = ScriptedBackend(scripted_main, sub="slow", latency_s=lambda req: 30.0 if req.role == "sub" else 0.0)
     app = create_app(AppSettings(media_root=video.parent), backend_factory=lambda m: backend,
                      upload_dir=tmp_path / "u")
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.perf_counter() + 20
-        while not server.started:
-            assert thread.is_alive() and time.perf_counter() < deadline, "the test server did not start"
-            time.sleep(0.02)
+    with Server(app) as server:
         body = {"video": {"media": video.name}, "question": "Colour?", "frames": 4}
-        with httpx.stream("POST", f"http://127.0.0.1:{port}/api/ask", json=body, timeout=20) as r:
+        with httpx.stream("POST", f"{server.url}/api/ask", json=body, timeout=20) as r:
             for line in r.iter_lines():
                 if line == "event: calls_dispatched":
                     assert app.state.running["n"] == 1
@@ -131,9 +119,6 @@ def test_a_client_that_goes_away_cancels_its_episode(tmp_path, video):
         assert app.state.running["n"] == 0 and time.perf_counter() - t0 < 5
         assert not app.state.finished  # it never finished
         assert [r.role for r in backend.requests] == ["main"]  # no sub-agent was answered, no second turn
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 def test_finished_episode_is_kept_and_a_model_is_loaded_once(tmp_path, video):
@@ -168,21 +153,10 @@ def test_an_upload_that_stalls_is_given_up_and_leaves_nothing(tmp_path):
     """Over a real uvicorn server and a raw socket: a client that sends part of its body, then
     nothing, gets a 408 once the gap passes `upload_idle_s`; the half-written file is removed."""
     import socket
-    import threading
-
-    import uvicorn
 
     app = create_app(AppSettings(upload_idle_s=1.0), backend_factory=scripted, upload_dir=tmp_path / "u")
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.perf_counter() + 20
-        while not server.started:
-            assert thread.is_alive() and time.perf_counter() < deadline, "the test server did not start"
-            time.sleep(0.02)
-        sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    with Server(app) as server:
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
         sock.sendall(b"PUT /api/upload?name=clip.mp4 HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                      b"Content-Length: 100000\r\n\r\n" + b"x" * 1000)  # then nothing more
         answer = b""
@@ -195,9 +169,6 @@ def test_an_upload_that_stalls_is_given_up_and_leaves_nothing(tmp_path):
         assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
         assert b"the upload stalled: nothing arrived for 1 s" in answer
         assert [p for p in (tmp_path / "u").rglob("*") if p.is_file()] == []
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 def test_a_file_that_is_not_a_video_is_a_clear_400(tmp_path, video):

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from servetools import free_port
+from servetools import Server, free_port
 
 from paravt.backends.base import Backend, BackendError, Completion, GenerateRequest, ImagePart, Message, TextPart
 from paravt.backends.openai import OpenAIBackend, image_data_url
@@ -50,34 +50,6 @@ class FakeBackend:
 
     async def aclose(self) -> None:
         pass
-
-
-class Server:
-    """uvicorn on 127.0.0.1:free port in a daemon thread; stopped on exit."""
-
-    def __init__(self, app, **config):
-        import uvicorn
-
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error", **config))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> "Server":
-        self.thread.start()
-        deadline = time.time() + 20
-        while not self.server.started:
-            if time.time() > deadline or not self.thread.is_alive():
-                raise RuntimeError("test server did not start")
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 from PIL import Image
-from test_openai_backend import Server
+from servetools import Server
 
 from paravt import protocol as P
 from paravt.backends import hf

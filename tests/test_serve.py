@@ -10,8 +10,8 @@ import time
 import httpx
 import numpy as np
 import pytest
-from servetools import paravt_server
-from test_openai_backend import FakeBackend, Server
+from servetools import Server, paravt_server
+from test_openai_backend import FakeBackend
 
 from paravt.backends.base import BackendError, GenerateRequest, ImagePart, Message, TextPart
 from paravt.backends.openai import OpenAIBackend, image_data_url

@@ -14,7 +14,8 @@ import zlib
 import httpx
 import numpy as np
 import pytest
-from test_openai_backend import FakeBackend, Server
+from servetools import Server
+from test_openai_backend import FakeBackend
 
 from paravt.backends.base import RequestRejected
 from paravt.backends.openai import image_data_url

@@ -12,8 +12,8 @@ import time
 import httpx
 import numpy as np
 import pytest
-from servetools import paravt_server
-from test_openai_backend import FakeBackend, Server
+from servetools import Server, paravt_server
+from test_openai_backend import FakeBackend
 
 from paravt.backends.base import BackendError, Completion, RequestRejected
 from paravt.backends.openai import image_data_url

@@ -7,7 +7,8 @@ import time
 
 import httpx
 import pytest
-from test_openai_backend import FakeBackend, Server
+from servetools import Server
+from test_openai_backend import FakeBackend
 
 from paravt.serve import create_app
 from paravt.webguard import h11_protocol, host_name, is_loopback, refusal
