@@ -374,6 +374,33 @@ def main_table(a) -> tuple[list[str], dict]:
     return lines, summaries
 
 
+def task_table(a) -> list[str]:
+    """Held-out accuracy per kind of question, and calls per question, of every finished eval cell: the
+    event-colour questions need the moment of the event (a crop's summary, or an overview that holds it),
+    the others read the background. The overall figure cannot tell a model that reads its crops from one
+    that has learnt to answer every question with the background's colour."""
+    lines = ["| model | " + " | ".join(f"K={k}: event colour / other / calls" for k in a.ks) + " |",
+             "|---|" + "---|" * len(a.ks)]
+    labels = {"base": "base", "cold": "SFT cold start", "skip_cold": "skip cold start"}
+    for name in models(a):
+        cells = []
+        for k in a.ks:
+            rows = list({r["id"]: r for r in read_jsonl(eval_dir(a, name, "parallel", k) / "results.jsonl")}.values())
+            if len(rows) < a.limit:
+                cells.append("–")
+                continue
+            event = [r for r in rows if (r.get("extras") or {}).get("needs_event")]
+            other = [r for r in rows if r not in event]
+            acc = [mean(0.0 if r.get("error") else float(r.get("score") or 0.0) for r in g) for g in (event, other)]
+            calls = mean(float(r.get("n_calls") or 0) for r in rows)
+            cells.append(f"{num(None if acc[0] is None else 100 * acc[0], 1)} / "
+                         f"{num(None if acc[1] is None else 100 * acc[1], 1)} / {num(calls, 1)}")
+        rid = name.rsplit("_s", 1)
+        label = labels.get(name) or f"{LABELS[rid[0]][0]} {rid[1]}"
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def block_c(a) -> list[str]:
     lines = ["| dispatch | " + " | ".join(f"acc K={k}" for k in a.ks) + " |", "|---|" + "---|" * len(a.ks)]
     for mode in MODES:
@@ -621,7 +648,9 @@ def write_collapse_doc(a) -> str:
             "steps (τ = 0.7 rollouts).", "", *table, "",
             f"In training at K = {max(a.k_choices)}, over the last third of each run's steps (τ = 0.7): the rollouts "
             "that call against those that skip (R: the episode's reward before shaping).", "", *call_vs_skip(a), "",
-            *gap_lines(a), "", "![curves](paradox_collapse_curves.png)", "",
+            *gap_lines(a), "", "Held-out accuracy per kind of question (event colour: what colour was the shape; "
+            "other: the background's colour), and tool calls per question, parallel dispatch:", "", *task_table(a), "",
+            "![curves](paradox_collapse_curves.png)", "",
             "![advantage gap](paradox_collapse_advantage.png)", "",
             "What reproduced (finished runs only, seed means where a family has two):", "",
             *claims(a, {rid: s for rid, s in summaries.items() if s["steps"] >= a.steps}), COL_END]

@@ -210,3 +210,21 @@ def test_the_collapse_testbed_is_table_2_a_and_b_from_the_chosen_start_under_the
            "(0.40 vs 1.00)" in doc
     assert "block C" not in doc and "no think prefix repairs" not in doc  # neither is this testbed's
     assert (a.docs / "paradox_collapse_curves.png").exists()
+
+
+def test_the_task_table_tells_a_model_that_reads_its_crops_from_one_that_answers_the_background(paradox, tmp_path):
+    """Both models score 50 % overall; the table splits them by kind of question (issue #37's skip cold
+    start called at K = 4 and still answered every event question with the background's colour)."""
+    a = args(tmp_path, testbed="collapse", ks=[4])  # limit=2 questions a cell
+    write_run(a, "para_s1", (4, 4), (0.8, 0.9))
+    write_run(a, "vanilla_s1", (4, 4), (0.2, 0.3))
+    for model, event_score, other_score, calls in (("para_s1", 0.0, 1.0, 5), ("vanilla_s1", 1.0, 0.0, 0)):
+        d = paradox.eval_dir(a, model, "parallel", 4)
+        d.mkdir(parents=True)
+        rows = [{"id": "q1", "score": event_score, "n_calls": calls, "extras": {"needs_event": True}},
+                {"id": "q2", "score": other_score, "n_calls": calls, "extras": {"needs_event": False}}]
+        (d / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lines = paradox.task_table(a)
+    assert lines[0] == "| model | K=4: event colour / other / calls |"
+    assert "| PARA-GRPO 1 | 0.0 / 100.0 / 5.0 |" in lines and "| vanilla GRPO 1 | 100.0 / 0.0 / 0.0 |" in lines
+    assert "| base | – |" in lines  # not evaluated: no figure
