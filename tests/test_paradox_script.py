@@ -187,8 +187,15 @@ def test_the_collapse_testbed_is_table_2_a_and_b_from_the_chosen_start_under_the
     a = args(tmp_path, testbed="collapse", cold=tmp_path / "skip", set=["reward.release_compat=true"],
              train=tmp_path / "train")
     jobs = {next(x for x in cmd if x.startswith("out=")).rsplit("/", 1)[1]: cmd for cmd, _, _ in paradox.train_jobs(a)}
+    # gating only and − γ differ from PARA-GRPO only in anchor terms, which the release's reward never fires
     assert sorted(jobs) == sorted(["vanilla_s1", "vanilla_s2", "para_s1", "para_s2", "anchoring_only_s1",
-                                   "gating_only_s1", "no_tool_s1", "no_gamma_s1"])
+                                   "no_tool_s1"])
+    named = args(tmp_path, testbed="collapse", cold=tmp_path / "skip", set=["reward.release_compat=true"],
+                 train=tmp_path / "train", runs=["gating_only_s1", "no_gamma"])
+    assert sorted(next(x for x in cmd if x.startswith("out=")).rsplit("/", 1)[1]
+                  for cmd, _, _ in paradox.train_jobs(named)) == ["gating_only_s1", "no_gamma_s1"]
+    paravt_reward = args(tmp_path, testbed="collapse", cold=tmp_path / "skip", train=tmp_path / "train")
+    assert len(paradox.train_jobs(paravt_reward)) == 8  # under paravt's reward the anchor terms fire
     for cmd in jobs.values():
         sets = [cmd[i + 1] for i, x in enumerate(cmd) if x == "-o"]
         assert "reward.release_compat=true" in sets and f"model={tmp_path / 'skip'}" in sets
