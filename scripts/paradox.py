@@ -144,7 +144,7 @@ def silent_twins(a) -> set[str]:
     prefix forced, no anchor term ever fires (SPEC §6.2), so turning anchoring off or γ to 0 changes nothing
     (measured: a gating-only run drew PARA-GRPO's rollouts for 147 steps). Not trained unless --runs names
     them."""
-    if "reward.release_compat=true" not in a.set or testbed(a) == "gap":
+    if "reward.release_compat=true" not in a.set or "episode.think_prefix=false" in a.set or testbed(a) == "gap":
         return set()
     named = {r.rsplit("_s", 1)[0] if r.rsplit("_s", 1)[-1].isdigit() else r for r in a.runs}
     return {n for n in SILENT_ANCHOR if n in families(a) and n not in named}

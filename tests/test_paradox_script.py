@@ -196,6 +196,9 @@ def test_the_collapse_testbed_is_table_2_a_and_b_from_the_chosen_start_under_the
                   for cmd, _, _ in paradox.train_jobs(named)) == ["gating_only_s1", "no_gamma_s1"]
     paravt_reward = args(tmp_path, testbed="collapse", cold=tmp_path / "skip", train=tmp_path / "train")
     assert len(paradox.train_jobs(paravt_reward)) == 8  # under paravt's reward the anchor terms fire
+    no_prefix = args(tmp_path, testbed="collapse", cold=tmp_path / "skip", train=tmp_path / "train",
+                     set=["reward.release_compat=true", "episode.think_prefix=false"])
+    assert len(paradox.train_jobs(no_prefix)) == 8  # a think the model opens itself is scored
     for cmd in jobs.values():
         sets = [cmd[i + 1] for i, x in enumerate(cmd) if x == "-o"]
         assert "reward.release_compat=true" in sets and f"model={tmp_path / 'skip'}" in sets
