@@ -144,19 +144,19 @@ def silent_twins(a) -> set[str]:
     prefix forced, no anchor term ever fires (SPEC §6.2), so turning anchoring off or γ to 0 changes nothing
     (measured: a gating-only run drew PARA-GRPO's rollouts for 147 steps). Not trained unless --runs names
     them."""
-    if "reward.release_compat=true" not in a.set or "episode.think_prefix=false" in a.set or testbed(a) == "gap":
+    if a.runs or "reward.release_compat=true" not in a.set or "episode.think_prefix=false" in a.set \
+            or testbed(a) == "gap":  # with --runs, run_ids already keeps exactly the runs named
         return set()
-    named = {r.rsplit("_s", 1)[0] if r.rsplit("_s", 1)[-1].isdigit() else r for r in a.runs}
-    return {n for n in SILENT_ANCHOR if n in families(a) and n not in named}
+    return {n for n in SILENT_ANCHOR if n in families(a)}
 
 
 def train_jobs(a) -> list[tuple[list[str], Path, dict]]:
     """Every family's first seed before any second one (a campaign cut short has one run of each), FIRST's
     families first within a seed, LATE's after all of Table 2's; no silent twin of PARA-GRPO."""
-    jobs = []
+    jobs, twins = [], silent_twins(a)
     order = sorted(run_ids(a), key=lambda r: (r[1] in LATE, r[2], r[1] not in FIRST))  # stable within each class
     for rid, name, seed in order:
-        if name in silent_twins(a):
+        if name in twins:
             continue
         out = a.out / "rl" / rid
         start = a.skip_cold if name in FROM_SKIP else a.cold
@@ -254,11 +254,18 @@ def run_summary(a, rid: str) -> dict | None:
             "k_max_last": mean(r["n_parsed_calls"] for r in rolls if r.get("k") == kmax and r["step"] in last_steps)}
 
 
+def cell_rows(a, model: str, mode: str, k: int) -> list[dict]:
+    """An eval cell's result rows, the latest of each question (a rerun appends)."""
+    return list({r["id"]: r for r in read_jsonl(eval_dir(a, model, mode, k) / "results.jsonl")}.values())
+
+
+def row_score(row: dict) -> float:
+    return 0.0 if row.get("error") else float(row.get("score") or 0.0)  # an error row scores 0
+
+
 def scores(a, model: str, mode: str, k: int) -> dict[str, float]:
-    """Question id -> score of an eval cell (an error row scores 0)."""
-    rows = read_jsonl(eval_dir(a, model, mode, k) / "results.jsonl")
-    latest = {r["id"]: r for r in rows}
-    return {i: 0.0 if r.get("error") else float(r.get("score") or 0.0) for i, r in latest.items()}
+    """Question id -> score of an eval cell."""
+    return {r["id"]: row_score(r) for r in cell_rows(a, model, mode, k)}
 
 
 def done_scores(a, model: str, mode: str, k: int) -> dict[str, float]:
@@ -401,13 +408,12 @@ def task_table(a) -> list[str]:
     for name in models(a):
         cells = []
         for k in a.ks:
-            rows = list({r["id"]: r for r in read_jsonl(eval_dir(a, name, "parallel", k) / "results.jsonl")}.values())
+            rows = cell_rows(a, name, "parallel", k)
             if len(rows) < a.limit:
                 cells.append("–")
                 continue
-            event = [r for r in rows if (r.get("extras") or {}).get("needs_event")]
-            other = [r for r in rows if r not in event]
-            acc = [mean(0.0 if r.get("error") else float(r.get("score") or 0.0) for r in g) for g in (event, other)]
+            needs_event = [bool((r.get("extras") or {}).get("needs_event")) for r in rows]
+            acc = [mean(row_score(r) for r, e in zip(rows, needs_event) if e == want) for want in (True, False)]
             calls = mean(float(r.get("n_calls") or 0) for r in rows)
             cells.append(f"{num(None if acc[0] is None else 100 * acc[0], 1)} / "
                          f"{num(None if acc[1] is None else 100 * acc[1], 1)} / {num(calls, 1)}")

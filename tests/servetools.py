@@ -1,5 +1,5 @@
-"""A `paravt` server command (serve, app) as its own process on a free loopback port, for tests that
-talk to it as a user's client would."""
+"""Servers for tests that talk to them as a user's client would, on a free loopback port: a `paravt`
+server command (serve, app) as its own process, or an app under uvicorn in a thread (`Server`)."""
 
 from __future__ import annotations
 

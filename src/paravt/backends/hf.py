@@ -153,7 +153,8 @@ def _prefill(model, renderer: Renderer, jobs: list[_Job], resume: bool = False) 
     inputs = model_inputs(model, renderer, rows, [j.rendered.images for j in jobs])
     position_ids = inputs.pop("position_ids")
     cache = DynamicCache(config=model.config.get_text_config())
-    out = model(**inputs, position_ids=position_ids, use_cache=True, logits_to_keep=1, **{cache_kwarg(type(model)): cache})
+    out = model(**inputs, position_ids=position_ids, use_cache=True, logits_to_keep=1,
+                **{cache_kwarg(type(model)): cache})
     positions = position_ids.max(dim=-1).values.max(dim=0).values + 1  # (B,) next text position per row
     return _Batch(jobs, cache, inputs["attention_mask"], positions, out.logits[:, -1, :].float())
 
