@@ -67,6 +67,12 @@ def base_checkpoint(a) -> Path:
     return own if (own / "config.json").exists() else Path(a.base)
 
 
+def model_path(a, name: str) -> Path:
+    """A model by its name: this testbed's (OUT/<name>), else a shipped one (src/paravt/assets/<name>)."""
+    path = a.out / name
+    return ASSETS / name if not path.exists() and (ASSETS / name).exists() else path
+
+
 def sft(a, config: str, model: str, data: Path, out: Path, steps: int, *extra: str) -> None:
     run([*a.paravt, "train", "sft", "--config", str(CONFIGS / config), "-o", f"model={model}", "-o", f"data={data}",
          "-o", f"out={out}", "-o", f"steps={steps}", *extra], out.parent / f"{out.name}.log")
@@ -108,7 +114,8 @@ def stage_skip(a) -> None:
         dial = ["--tool-prior-at-k", a.skip_prior] if a.skip_prior else []
         run([*a.paravt, "synth", "--preset", "paradox-skip", *dial, "--out", str(d), "--n", str(a.n_train), "--split",
              "train", "--seed", "0"], a.out / "logs" / f"synth_{a.skip_name}_train.log")
-    cold_start(a, base_checkpoint(a), f"{a.skip_name}cold", a.cold_steps, d / "sft.parquet")
+    start = base_checkpoint(a) if not a.skip_start else model_path(a, a.skip_start)
+    cold_start(a, start, a.skip_run or f"{a.skip_name}cold", a.cold_steps, d / "sft.parquet")
 
 
 def stage_contrast(a) -> None:
@@ -143,9 +150,7 @@ def measure(a, name: str) -> dict:
     from paravt.models import load_model
     from paravt.rewards import RewardConfig, format_reward, score_episode
 
-    path = a.out / name if name != "sft" else Path(a.sft)
-    if not path.exists() and (ASSETS / name).exists():
-        path = ASSETS / name
+    path = model_path(a, name) if name != "sft" else Path(a.sft)
     out = a.out / "measure" / name
     samples = load_benchmark("synthvt", str(a.data / "paradox_test")).samples[: a.limit]
     model, processor = load_model(str(path / "checkpoint") if (path / "checkpoint").exists() else str(path))
@@ -314,6 +319,11 @@ def main() -> None:
                    help="--stage skip: the oracle's tool prior by K (synth --tool-prior-at-k; default: the preset's)")
     p.add_argument("--skip-name", default="skip",
                    help="--stage skip: names its data (DATA/paradox_<name>_train) and its run (<name>cold_<steps>)")
+    p.add_argument("--skip-start", default="",
+                   help="--stage skip: the model its SFT starts from (default: the base; e.g. paradox-cold, so that "
+                        "the skip rows go on top of a cold start that reads its crops)")
+    p.add_argument("--skip-run", default="",
+                   help="--stage skip: its run's name, checkpoints <run>_<steps> (default: <skip-name>cold)")
     p.add_argument("--sft-set", action="append", default=[], metavar="KEY=VALUE",
                    help="an extra SFT override for the cold starts (e.g. threads=1); repeatable")
     p.add_argument("--k64-samples", type=int, default=1,
