@@ -29,6 +29,12 @@ into runs/paradox_gap, its tables between their own markers in docs/paradox.md:
     python scripts/paradox.py --testbed gap --stage eval
     python scripts/paradox.py --testbed gap --stage doc
 
+Another skip cold start's vanilla pair goes into its own folder and section (`--out`, `--skip-label`), e.g.
+the skip rows' SFT on top of cold_400 (scripts/paradox_testbed.py --skip-start paradox-cold):
+
+    python scripts/paradox.py --testbed gap --skip-cold runs/paradox_testbed/skiponcold_200 \
+        --skip-label "skip-on-cold start" --out runs/paradox_gap_oncold --runs van_skip,van_skip_rel --stage train
+
 `--testbed collapse` runs blocks A and B again on the 2×2's condition whose vanilla run loses its tools
 (the skip cold start under the release's reward), into runs/paradox_collapse, under their own markers:
 
@@ -83,6 +89,20 @@ GAP_RUNS = {
 FROM_SKIP = ("van_skip", "van_skip_rel")  # the runs that start from --skip-cold; the others from --cold
 LABELS = {**RUNS, **GAP_RUNS}
 GAP_START, GAP_END = "<!-- gap 2x2: scripts/paradox.py --testbed gap --stage doc -->", "<!-- end of gap 2x2 -->"
+
+
+def gap_markers(a) -> tuple[str, str]:
+    """The 2×2's markers; a 2×2 run into another folder (another skip cold start, `--out`) gets its own."""
+    if a.out.name == "paradox_gap":
+        return GAP_START, GAP_END
+    return (f"<!-- gap 2x2 ({a.out.name}): scripts/paradox.py --testbed gap --stage doc -->",
+            f"<!-- end of gap 2x2 ({a.out.name}) -->")
+
+
+def run_label(a, name: str) -> str:
+    """A run family's row label; the skip cold start's runs name it as --skip-label does."""
+    text = LABELS[name][0]
+    return text.replace("skip cold start", a.skip_label) if name in FROM_SKIP else text
 
 
 # --testbed collapse: Table 2's blocks A and B again, on the 2×2's condition whose vanilla run loses its tools
@@ -382,7 +402,7 @@ def main_table(a) -> tuple[list[str], dict]:
     summaries = {}
     starts = [("base", "base"), ("cold", "SFT cold start")]
     if testbed(a) == "gap":
-        starts += [("skip_cold", "skip cold start")]
+        starts += [("skip_cold", a.skip_label)]
     for name, label in starts:
         accs = " | ".join(acc_cell(a, name, "parallel", k) for k in a.ks)
         lines.append(f"| {label} | – | – | – | – | – | – | – | {accs} |")
@@ -392,7 +412,7 @@ def main_table(a) -> tuple[list[str], dict]:
             continue
         summaries[rid] = s
         accs = " | ".join(acc_cell(a, rid, "parallel", k) for k in a.ks)
-        lines.append(f"| {LABELS[name][0]} | {seed} | {s['steps']} | {num(s['f_first'])} | {num(s['f_last'])} | "
+        lines.append(f"| {run_label(a, name)} | {seed} | {s['steps']} | {num(s['f_first'])} | {num(s['f_last'])} | "
                      f"{num(s['k_first'])} | {num(s['k_last'])} | {num(s['k_max_last'])} | {accs} |")
     return lines, summaries
 
@@ -404,7 +424,7 @@ def task_table(a) -> list[str]:
     that has learnt to answer every question with the background's colour."""
     lines = ["| model | " + " | ".join(f"K={k}: event colour / other / calls" for k in a.ks) + " |",
              "|---|" + "---|" * len(a.ks)]
-    labels = {"base": "base", "cold": "SFT cold start", "skip_cold": "skip cold start"}
+    labels = {"base": "base", "cold": "SFT cold start", "skip_cold": a.skip_label}
     for name in models(a):
         cells = []
         for k in a.ks:
@@ -418,7 +438,7 @@ def task_table(a) -> list[str]:
             cells.append(f"{num(None if acc[0] is None else 100 * acc[0], 1)} / "
                          f"{num(None if acc[1] is None else 100 * acc[1], 1)} / {num(calls, 1)}")
         rid = name.rsplit("_s", 1)
-        label = labels.get(name) or f"{LABELS[rid[0]][0]} {rid[1]}"
+        label = labels.get(name) or f"{run_label(a, rid[0])} {rid[1]}"
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines
 
@@ -451,7 +471,7 @@ def call_vs_skip(a) -> list[str]:
         call = [r for r in sel if r["n_parsed_calls"] > 0]
         skip = [r for r in sel if r["n_parsed_calls"] == 0]
         pair = lambda f: " / ".join("–" if not g else f"{mean(f(r) for r in g):.2f}" for g in (call, skip))  # noqa: E731
-        lines.append(f"| {LABELS[name][0]} {seed} | {len(sel)} | {len(skip) / len(sel):.2f} | "
+        lines.append(f"| {run_label(a, name)} {seed} | {len(sel)} | {len(skip) / len(sel):.2f} | "
                      f"{pair(lambda r: r['accuracy'])} | {pair(lambda r: r['format'])} | {pair(lambda r: r['reward'])} | "
                      f"{pair(lambda r: float(r['problem_turns'] > 0))} |")
     return lines
@@ -602,7 +622,7 @@ def shown(path: Path) -> str:
 
 
 def figure_prefix(a) -> str:
-    return {"gap": "paradox_gap", "collapse": "paradox_collapse"}.get(testbed(a), "paradox")
+    return {"gap": a.out.name, "collapse": "paradox_collapse"}.get(testbed(a), "paradox")
 
 
 def gap_lines(a) -> list[str]:
@@ -613,7 +633,7 @@ def gap_lines(a) -> list[str]:
     for rid, name, seed in run_ids(a):
         g = advantage_gap(a, rid).get(kmax)
         if g is not None:
-            lines.append(f"| {LABELS[name][0]} {seed} | {num(g[0])} | {num(g[-1])} |")
+            lines.append(f"| {run_label(a, name)} {seed} | {num(g[0])} | {num(g[-1])} |")
     return lines
 
 
@@ -628,7 +648,7 @@ def collapse_lines(a, summaries: dict) -> list[str]:
         s = summaries.get(rid)
         if s is None:
             continue
-        what = f"- {LABELS[name][0]}, seed {seed}: κ {num(s['k_first'])} → {num(s['k_last'])}"
+        what = f"- {run_label(a, name)}, seed {seed}: κ {num(s['k_first'])} → {num(s['k_last'])}"
         if s["steps"] < a.steps:
             lines.append(f"{what} at step {s['steps']} of {a.steps}: still training, no verdict")
             continue
@@ -642,19 +662,21 @@ def write_gap_doc(a) -> str:
     """The 2×2's tables between their own markers (Table 2's section is left as it is)."""
     plot(a)
     table, summaries = main_table(a)
-    body = [GAP_START, f"Vanilla GRPO runs of {a.steps} steps (config `{shown(a.config)}`, vanilla's overrides: no "
+    start, end = gap_markers(a)
+    body = [start, f"Vanilla GRPO runs of {a.steps} steps (config `{shown(a.config)}`, vanilla's overrides: no "
             f"gating, no anchoring, no think prefix, no answer suffix), from `{shown(a.cold)}` (cold_400) and "
-            f"`{shown(a.skip_cold)}` (the skip cold start), under paravt's reward and under `reward.release_compat`; "
+            f"`{shown(a.skip_cold)}` ({a.skip_label}), under paravt's reward and under `reward.release_compat`; "
             f"held-out accuracy on the first {a.limit} questions of `{shown(a.test)}`, greedy, parallel dispatch, "
-            "without the think prefix, with the 95 % Wilson interval. fτ, κ: means over the first and the last tenth "
+            "with the 95 % Wilson interval (the runs and the base without the think prefix, the cold starts with it, "
+            "as each was trained). fτ, κ: means over the first and the last tenth "
             "of the steps (τ = 0.7 rollouts).", "", *table, "", "Which conditions collapse:", "",
             *collapse_lines(a, summaries), "",
             f"In training at K = {max(a.k_choices)}, over the last third of each run's steps: the rollouts that call "
             "against those that skip (R: the episode's reward before shaping, under the run's own reward).", "",
-            *call_vs_skip(a), "", *gap_lines(a), "", "![curves](paradox_gap_curves.png)", "",
-            "![advantage gap](paradox_gap_advantage.png)", GAP_END]
+            *call_vs_skip(a), "", *gap_lines(a), "", f"![curves]({figure_prefix(a)}_curves.png)", "",
+            f"![advantage gap]({figure_prefix(a)}_advantage.png)", end]
     text = "\n".join(body)
-    write_between(a.docs / "paradox.md", GAP_START, GAP_END, text)
+    write_between(a.docs / "paradox.md", start, end, text)
     return text
 
 
@@ -726,6 +748,8 @@ def main() -> None:
                         "collapse: Table 2 A–B from --cold under --set, the 2×2's condition whose tools collapse")
     p.add_argument("--skip-cold", type=Path, default=Path("runs/paradox_testbed/skipcold_400"),
                    help="the skip cold start (scripts/paradox_testbed.py --stage skip), for --testbed gap")
+    p.add_argument("--skip-label", default="skip cold start",
+                   help="--testbed gap: how the tables name --skip-cold and its runs")
     p.add_argument("--train", type=Path, default=None,
                    help="RL rows (default: data/paradox_train; gap: data/paradox_skip_train, the same questions)")
     p.add_argument("--test", type=Path, default=Path("data/paradox_test"))

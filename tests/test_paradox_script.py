@@ -24,7 +24,8 @@ def paradox():
 def args(tmp_path: Path, **kw) -> Namespace:
     base = dict(out=tmp_path, steps=10, runs=[], ks=[4, 16, 64], k_choices=[4, 8, 16, 32, 64], limit=2,
                 paravt=["paravt"], test=tmp_path / "test", base=tmp_path / "base", cold=tmp_path / "cold",
-                max_new_tokens=320, set=[], config=tmp_path / "grpo.yaml", docs=tmp_path / "docs", smooth=3)
+                max_new_tokens=320, set=[], config=tmp_path / "grpo.yaml", docs=tmp_path / "docs", smooth=3,
+                skip_label="skip cold start")
     return Namespace(**{**base, **kw})
 
 
@@ -153,7 +154,8 @@ def test_the_follow_up_run_trains_last_and_is_evaluated_without_the_prefix(parad
 def test_the_gap_testbed_is_vanilla_from_two_cold_starts_under_two_rewards(paradox, tmp_path):
     """--testbed gap: four vanilla runs, {cold_400, the skip cold start} × {paravt's reward, the release's},
     every model evaluated without the think prefix, the tables under their own markers."""
-    a = args(tmp_path, testbed="gap", skip_cold=tmp_path / "skip", train=tmp_path / "train")
+    a = args(tmp_path, testbed="gap", skip_cold=tmp_path / "skip", train=tmp_path / "train",
+             out=tmp_path / "paradox_gap")
     jobs = {next(x for x in cmd if x.startswith("out=")).rsplit("/", 1)[1]: cmd for cmd, _, _ in paradox.train_jobs(a)}
     assert sorted(jobs) == ["van_cold_rel_s1", "van_cold_s1", "van_skip_rel_s1", "van_skip_s1"]
     for rid, cmd in jobs.items():
@@ -179,6 +181,22 @@ def test_the_gap_testbed_is_vanilla_from_two_cold_starts_under_two_rewards(parad
     assert "skip cold start, release reward, seed 1: κ 2.00 → 0.10 (last/first 0.05): **collapses**" in doc
     assert "cold_400, paravt reward, seed 1: κ 3.00 → 0.10 at step 6 of 10: still training, no verdict" in doc
     assert (a.docs / "paradox_gap_curves.png").exists()
+
+    # another skip cold start's 2×2 (its own --out): its own section, labels and figures; the first's stays
+    b = args(tmp_path, testbed="gap", skip_cold=tmp_path / "oncold", train=tmp_path / "train",
+             out=tmp_path / "paradox_gap_oncold", runs=["van_skip", "van_skip_rel"], skip_label="skip-on-cold start",
+             docs=a.docs)
+    write_run(b, "van_skip_rel_s1", (2, 0.1), (0.3, 0.4))
+    paradox.write_doc(b)
+    doc2 = (a.docs / "paradox.md").read_text()
+    assert doc2.startswith(doc)  # the first 2×2's section untouched, the second's after it
+    second = doc2[len(doc):]
+    assert "<!-- gap 2x2 (paradox_gap_oncold):" in second and "<!-- end of gap 2x2 (paradox_gap_oncold) -->" in second
+    assert "vanilla GRPO, skip-on-cold start, release reward, seed 1: κ 2.00 → 0.10" in second
+    assert "| skip-on-cold start | – |" in second and "cold_400, paravt" not in second
+    assert "![curves](paradox_gap_oncold_curves.png)" in second and (a.docs / "paradox_gap_oncold_curves.png").exists()
+    paradox.write_doc(b)  # rewritten in place
+    assert (a.docs / "paradox.md").read_text() == doc2
 
 
 def test_the_collapse_testbed_is_table_2_a_and_b_from_the_chosen_start_under_the_chosen_reward(paradox, tmp_path):
