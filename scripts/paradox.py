@@ -669,7 +669,9 @@ def write_gap_doc(a) -> str:
             f"held-out accuracy on the first {a.limit} questions of `{shown(a.test)}`, greedy, parallel dispatch, "
             "with the 95 % Wilson interval (the runs and the base without the think prefix, the cold starts with it, "
             "as each was trained). fτ, κ: means over the first and the last tenth "
-            "of the steps (τ = 0.7 rollouts).", "", *table, "", "Which conditions collapse:", "",
+            "of the steps (τ = 0.7 rollouts).", "", *table, "",
+            "Held-out accuracy per kind of question (event colour / the background's colour) and calls per question:",
+            "", *task_table(a), "", "Which conditions collapse:", "",
             *collapse_lines(a, summaries), "",
             f"In training at K = {max(a.k_choices)}, over the last third of each run's steps: the rollouts that call "
             "against those that skip (R: the episode's reward before shaping, under the run's own reward).", "",

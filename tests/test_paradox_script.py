@@ -194,6 +194,7 @@ def test_the_gap_testbed_is_vanilla_from_two_cold_starts_under_two_rewards(parad
     assert "<!-- gap 2x2 (paradox_gap_oncold):" in second and "<!-- end of gap 2x2 (paradox_gap_oncold) -->" in second
     assert "vanilla GRPO, skip-on-cold start, release reward, seed 1: κ 2.00 → 0.10" in second
     assert "| skip-on-cold start | – |" in second and "cold_400, paravt" not in second
+    assert "| model | K=4: event colour / other / calls |" in second
     assert "![curves](paradox_gap_oncold_curves.png)" in second and (a.docs / "paradox_gap_oncold_curves.png").exists()
     paradox.write_doc(b)  # rewritten in place
     assert (a.docs / "paradox.md").read_text() == doc2
