@@ -280,10 +280,50 @@ def expected_cells(a, name: str) -> set[str]:
     return cells
 
 
+def cell_rows(a, name: str, cell: str) -> list[dict]:
+    """A measured cell's result rows, the latest of each question (an eval that resumed appends)."""
+    path = a.out / "measure" / name / cell / "results.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return [r for r in {r["id"]: r for r in rows}.values() if r.get("episode")]
+
+
+def crops_table(a, names: list[str]) -> str:
+    """Whether a cold start reads its crops (greedy at K = 4, where the overview rarely holds the event: the
+    event-colour questions are answered from the crops' summaries or not at all), and at K = 64, τ = 0.7, how
+    often it skips and how its skips answer against its calls, with the think prefix and without it."""
+    def mean(xs: list[float]) -> str:
+        return f"{sum(xs) / len(xs):.2f}" if xs else "–"
+
+    head = ("| model | acc K=4, greedy | event colour / other | calls, K=4 | parse problems, K=4 | "
+            "skip K=64, prefix / none | acc call / skip, prefix | acc call / skip, none |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for name in names:
+        g4 = cell_rows(a, name, "greedy_k4")
+        if not g4:
+            continue
+        ev = [r["score"] or 0.0 for r in g4 if (r.get("extras") or {}).get("needs_event")]
+        ot = [r["score"] or 0.0 for r in g4 if not (r.get("extras") or {}).get("needs_event")]
+        k64 = {x: cell_rows(a, name, f"t07_k64{x}") for x in ("", "_np")}
+        skip = {x: mean([float(not r["n_calls"]) for r in rs]) for x, rs in k64.items()}
+        split = {x: " / ".join(mean([r["score"] or 0.0 for r in rs if bool(r["n_calls"]) == c]) for c in (True, False))
+                 for x, rs in k64.items()}
+        lines.append(f"| {name} | {100 * sum(r['score'] or 0.0 for r in g4) / len(g4):.1f} | "
+                     f"{100 * sum(ev) / max(len(ev), 1):.1f} / {100 * sum(ot) / max(len(ot), 1):.1f} | "
+                     f"{mean([float(r['n_calls']) for r in g4])} | {mean([float(bool(r['n_problems'])) for r in g4])} | "
+                     f"{skip['']} / {skip['_np']} | {split['']} | {split['_np']} |")
+    return "\n".join(lines)
+
+
 def write_doc(a, results: dict[str, dict]) -> None:
     """The measured tables between the markers of --write-doc's file (the prose around them stays); --table
     picks the testbed, each has its own markers."""
-    if a.table == "skip":
+    if a.table == "crops":
+        start, end = ("<!-- crops table: scripts/paradox_testbed.py --table crops --write-doc -->",
+                      "<!-- end of crops table -->")
+        body = (f"{start}\nThe first {a.limit} questions of the test split, parallel dispatch, {a.max_new_tokens} new "
+                f"tokens a turn; K = 4 greedy with the think prefix; K = 64 at τ = {a.temperature}, seed 0, with the "
+                f"prefix and without it (none, the vanilla baseline's rollouts).\n\n{crops_table(a, list(results))}\n{end}")
+    elif a.table == "skip":
         start, end = ("<!-- skip testbed table: scripts/paradox_testbed.py --table skip --write-doc -->",
                       "<!-- end of skip testbed table -->")
         body = (f"{start}\nThe first {a.limit} questions of the test split; greedy and τ = {a.temperature} episodes, "
@@ -328,8 +368,9 @@ def main() -> None:
                    help="an extra SFT override for the cold starts (e.g. threads=1); repeatable")
     p.add_argument("--k64-samples", type=int, default=1,
                    help="τ = 0.7 seeds at K = 64 per model (the call-vs-skip split reads them all)")
-    p.add_argument("--table", choices=["first", "skip"], default="first",
-                   help="which testbed's table --write-doc writes (skip: the second testbed's, with the split)")
+    p.add_argument("--table", choices=["first", "skip", "crops"], default="first",
+                   help="which testbed's table --write-doc writes (skip: the second testbed's, with the split; "
+                        "crops: whether each cold start reads its crops, K = 4 per kind of question)")
     p.add_argument("--data", type=Path, default=Path("data"))
     p.add_argument("--out", type=Path, default=Path("runs/paradox_testbed"))
     p.add_argument("--n-train", type=int, default=2000)
@@ -372,6 +413,7 @@ def main() -> None:
         print(table(results))
         print(table_np(results))
         print(split_table(results))
+        print(crops_table(a, names))
         if a.write_doc:
             write_doc(a, results)
 
