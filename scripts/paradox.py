@@ -581,7 +581,8 @@ def plot(a) -> None:
             ax.set_title(title, fontsize=10)
             ax.set_xlabel("RL step")
     axes.flat[0].legend(fontsize=7)
-    what = {"gap": "The gap 2×2", "collapse": "Table 2 A–B, skip cold start"}.get(testbed(a), "Table 2")
+    what = {"gap": f"The gap 2×2 ({a.skip_label})", "collapse": "Table 2 A–B, skip cold start"}.get(testbed(a),
+                                                                                                  "Table 2")
     fig.suptitle(f"{what}: RL runs on the paradox testbed (moving average over {a.smooth} steps)")
     fig.tight_layout()
     fig.savefig(a.docs / f"{figure_prefix(a)}_curves.png", dpi=100)
@@ -718,6 +719,7 @@ def write_between(path: Path, start: str, end: str, text: str) -> None:
 
 
 def write_doc(a) -> str:
+    a.docs.mkdir(parents=True, exist_ok=True)  # --docs may name a folder to try the page in first
     if testbed(a) == "gap":
         return write_gap_doc(a)
     if testbed(a) == "collapse":

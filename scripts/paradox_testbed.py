@@ -290,12 +290,13 @@ def cell_rows(a, name: str, cell: str) -> list[dict]:
 def crops_table(a, names: list[str]) -> str:
     """Whether a cold start reads its crops (greedy at K = 4, where the overview rarely holds the event: the
     event-colour questions are answered from the crops' summaries or not at all), and at K = 64, τ = 0.7, how
-    often it skips and how its skips answer against its calls, with the think prefix and without it."""
+    often it skips and how its skips answer against its calls, with the think prefix and without it (the
+    `--k64-samples` seeds pooled, where measured)."""
     def mean(xs: list[float]) -> str:
         return f"{sum(xs) / len(xs):.2f}" if xs else "–"
 
     head = ("| model | acc K=4, greedy | event colour / other | calls, K=4 | parse problems, K=4 | "
-            "skip K=64, prefix / none | acc call / skip, prefix | acc call / skip, none |")
+            "skip K=64, prefix / none (rollouts) | acc call / skip, prefix | acc call / skip, none |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for name in names:
         g4 = cell_rows(a, name, "greedy_k4")
@@ -303,14 +304,15 @@ def crops_table(a, names: list[str]) -> str:
             continue
         ev = [r["score"] or 0.0 for r in g4 if (r.get("extras") or {}).get("needs_event")]
         ot = [r["score"] or 0.0 for r in g4 if not (r.get("extras") or {}).get("needs_event")]
-        k64 = {x: cell_rows(a, name, f"t07_k64{x}") for x in ("", "_np")}
+        k64 = {x: [r for seed in range(a.k64_samples) for r in cell_rows(a, name, f"t07_k64{x}" + (f"_s{seed}" if seed else ""))]
+               for x in ("", "_np")}  # every seed measured, pooled
         skip = {x: mean([float(not r["n_calls"]) for r in rs]) for x, rs in k64.items()}
         split = {x: " / ".join(mean([r["score"] or 0.0 for r in rs if bool(r["n_calls"]) == c]) for c in (True, False))
                  for x, rs in k64.items()}
         lines.append(f"| {name} | {100 * sum(r['score'] or 0.0 for r in g4) / len(g4):.1f} | "
                      f"{100 * sum(ev) / max(len(ev), 1):.1f} / {100 * sum(ot) / max(len(ot), 1):.1f} | "
                      f"{mean([float(r['n_calls']) for r in g4])} | {mean([float(bool(r['n_problems'])) for r in g4])} | "
-                     f"{skip['']} / {skip['_np']} | {split['']} | {split['_np']} |")
+                     f"{skip['']} / {skip['_np']} ({len(k64[''])} / {len(k64['_np'])}) | {split['']} | {split['_np']} |")
     return "\n".join(lines)
 
 
@@ -321,8 +323,8 @@ def write_doc(a, results: dict[str, dict]) -> None:
         start, end = ("<!-- crops table: scripts/paradox_testbed.py --table crops --write-doc -->",
                       "<!-- end of crops table -->")
         body = (f"{start}\nThe first {a.limit} questions of the test split, parallel dispatch, {a.max_new_tokens} new "
-                f"tokens a turn; K = 4 greedy with the think prefix; K = 64 at τ = {a.temperature}, seed 0, with the "
-                f"prefix and without it (none, the vanilla baseline's rollouts).\n\n{crops_table(a, list(results))}\n{end}")
+                f"tokens a turn; K = 4 greedy with the think prefix; K = 64 at τ = {a.temperature}, the seeds measured "
+                f"of 0–{a.k64_samples - 1} pooled, with the prefix and without it (none, the vanilla baseline's rollouts).\n\n{crops_table(a, list(results))}\n{end}")
     elif a.table == "skip":
         start, end = ("<!-- skip testbed table: scripts/paradox_testbed.py --table skip --write-doc -->",
                       "<!-- end of skip testbed table -->")

@@ -30,14 +30,16 @@ def write_cell(out: Path, name: str, cell: str, rows: list[tuple[bool, float, in
 
 def test_the_crops_table_splits_event_from_background_questions(tmp_path):
     mod = load()
-    a = Namespace(out=tmp_path)
+    a = Namespace(out=tmp_path, k64_samples=2)
     # reads its crops: both event questions right, one background question of two
     write_cell(tmp_path, "reader", "greedy_k4", [(True, 1.0, 5), (True, 1.0, 5), (False, 1.0, 5), (False, 0.0, 3)])
     # answers the background: event questions wrong, background right
     write_cell(tmp_path, "background", "greedy_k4", [(True, 0.0, 5), (True, 0.0, 5), (False, 1.0, 5), (False, 1.0, 5)])
     # at K = 64 with the prefix: one skip of four, the skip wrong, two of three calls right
     write_cell(tmp_path, "reader", "t07_k64", [(True, 1.0, 2), (True, 1.0, 3), (False, 0.0, 1), (False, 0.0, 0)])
+    # a second seed pooled with the first: one more call, right
+    write_cell(tmp_path, "reader", "t07_k64_s1", [(True, 1.0, 1)])
     lines = mod.crops_table(a, ["reader", "background", "absent"]).splitlines()
     assert len(lines) == 4  # the header, its rule, one row a measured model
-    assert lines[2] == "| reader | 75.0 | 100.0 / 50.0 | 4.50 | 0.00 | 0.25 / – | 0.67 / 0.00 | – / – |"
+    assert lines[2] == "| reader | 75.0 | 100.0 / 50.0 | 4.50 | 0.00 | 0.20 / – (5 / 0) | 0.75 / 0.00 | – / – |"
     assert lines[3].startswith("| background | 50.0 | 0.0 / 100.0 | 5.00 |")
