@@ -198,6 +198,9 @@ def measure(a, name: str) -> dict:
                         "parse_problems": sum(problems) / n}
         if split:
             result[cell]["rollouts"] = split
+    # cells measured before (another --cells) stay: the summary is the model's, not this call's
+    old = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
+    result = {**old, **result}
     (out / "summary.json").write_text(json.dumps(result, indent=1))
     return result
 
