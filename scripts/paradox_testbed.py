@@ -307,8 +307,8 @@ def crops_table(a, names: list[str]) -> str:
             continue
         ev = [r["score"] or 0.0 for r in g4 if (r.get("extras") or {}).get("needs_event")]
         ot = [r["score"] or 0.0 for r in g4 if not (r.get("extras") or {}).get("needs_event")]
-        k64 = {x: [r for seed in range(a.k64_samples) for r in cell_rows(a, name, f"t07_k64{x}" + (f"_s{seed}" if seed else ""))]
-               for x in ("", "_np")}  # every seed measured, pooled
+        cells = {x: [f"t07_k64{x}" + (f"_s{seed}" if seed else "") for seed in range(a.k64_samples)] for x in ("", "_np")}
+        k64 = {x: [r for c in cs for r in cell_rows(a, name, c)] for x, cs in cells.items()}  # the seeds pooled
         skip = {x: mean([float(not r["n_calls"]) for r in rs]) for x, rs in k64.items()}
         split = {x: " / ".join(mean([r["score"] or 0.0 for r in rs if bool(r["n_calls"]) == c]) for c in (True, False))
                  for x, rs in k64.items()}
@@ -327,7 +327,8 @@ def write_doc(a, results: dict[str, dict]) -> None:
                       "<!-- end of crops table -->")
         body = (f"{start}\nThe first {a.limit} questions of the test split, parallel dispatch, {a.max_new_tokens} new "
                 f"tokens a turn; K = 4 greedy with the think prefix; K = 64 at τ = {a.temperature}, the seeds measured "
-                f"of 0–{a.k64_samples - 1} pooled, with the prefix and without it (none, the vanilla baseline's rollouts).\n\n{crops_table(a, list(results))}\n{end}")
+                f"of 0–{a.k64_samples - 1} pooled, with the prefix and without it (none, the vanilla baseline's "
+                f"rollouts).\n\n{crops_table(a, list(results))}\n{end}")
     elif a.table == "skip":
         start, end = ("<!-- skip testbed table: scripts/paradox_testbed.py --table skip --write-doc -->",
                       "<!-- end of skip testbed table -->")
