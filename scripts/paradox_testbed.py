@@ -285,8 +285,9 @@ def expected_cells(a, name: str) -> set[str]:
 
 def cell_rows(a, name: str, cell: str) -> list[dict]:
     """A measured cell's result rows, the latest of each question (an eval that resumed appends)."""
-    path = a.out / "measure" / name / cell / "results.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    from paravt.eval.runner import read_results
+
+    rows = read_results(a.out / "measure" / name / cell / "results.jsonl", repair=False)  # a reader never truncates
     return [r for r in {r["id"]: r for r in rows}.values() if r.get("episode")]
 
 
@@ -319,33 +320,39 @@ def crops_table(a, names: list[str]) -> str:
     return "\n".join(lines)
 
 
+# each --table's markers in the page: its section is what lies between them
+DOC_MARKERS = {
+    "first": ("<!-- testbed table: scripts/paradox_testbed.py --write-doc -->", "<!-- end of testbed table -->"),
+    "skip": ("<!-- skip testbed table: scripts/paradox_testbed.py --table skip --write-doc -->",
+             "<!-- end of skip testbed table -->"),
+    "crops": ("<!-- crops table: scripts/paradox_testbed.py --table crops --write-doc -->", "<!-- end of crops table -->"),
+}
+
+
 def write_doc(a, results: dict[str, dict]) -> None:
     """The measured tables between the markers of --write-doc's file (the prose around them stays); --table
     picks the testbed, each has its own markers."""
+    start, end = DOC_MARKERS[a.table]
     if a.table == "crops":
-        start, end = ("<!-- crops table: scripts/paradox_testbed.py --table crops --write-doc -->",
-                      "<!-- end of crops table -->")
-        body = (f"{start}\nThe first {a.limit} questions of the test split, parallel dispatch, {a.max_new_tokens} new "
+        section = (f"The first {a.limit} questions of the test split, parallel dispatch, {a.max_new_tokens} new "
                 f"tokens a turn; K = 4 greedy with the think prefix; K = 64 at τ = {a.temperature}, the seeds measured "
                 f"of 0–{a.k64_samples - 1} pooled, with the prefix and without it (none, the vanilla baseline's "
-                f"rollouts).\n\n{crops_table(a, list(results))}\n{end}")
+                f"rollouts).\n\n{crops_table(a, list(results))}")
     elif a.table == "skip":
-        start, end = ("<!-- skip testbed table: scripts/paradox_testbed.py --table skip --write-doc -->",
-                      "<!-- end of skip testbed table -->")
-        body = (f"{start}\nThe first {a.limit} questions of the test split; greedy and τ = {a.temperature} episodes, "
+        section = (f"The first {a.limit} questions of the test split; greedy and τ = {a.temperature} episodes, "
                 f"parallel dispatch, {a.max_new_tokens} new tokens a turn; {a.k64_samples} τ = {a.temperature} "
                 f"seed(s) at K = 64 for the call-vs-skip split.\n\n{table(results)}\n\nWithout the forced think "
                 f"prefix (the vanilla baseline's rollouts):\n\n{table_np(results)}\n\nAt K = 64, τ = "
                 f"{a.temperature}: the rollouts that call against those that skip (R: the episode's reward with "
                 f"anchoring off, as vanilla GRPO scores it, under paravt's reward and under "
-                f"`reward.release_compat`):\n\n{split_table(results)}\n{end}")
+                f"`reward.release_compat`):\n\n{split_table(results)}")
     else:
-        start, end = "<!-- testbed table: scripts/paradox_testbed.py --write-doc -->", "<!-- end of testbed table -->"
-        body = (f"{start}\nThe first questions of the test split (SynthVT `paradox` preset; their number is the "
+        section = (f"The first questions of the test split (SynthVT `paradox` preset; their number is the "
                 f"table's `questions`, the least over a model's cells); greedy and τ = "
                 f"{a.temperature} (seed 0) episodes, parallel dispatch, {a.max_new_tokens} new tokens a turn.\n\n"
                 f"{table(results)}\n\nThe same without the forced think prefix (the vanilla baseline's rollouts):\n\n"
-                f"{table_np(results)}\n{end}")
+                f"{table_np(results)}")
+    body = f"{start}\n{section}\n{end}"
     path = Path(a.write_doc)
     text = path.read_text() if path.exists() else f"# The paradox testbed\n\n{start}\n{end}\n"
     if start not in text:
