@@ -176,6 +176,35 @@ def test_failures_stay_local_and_keep_call_order(video):
     assert ep.answer == "B" and ep.n_executed_calls == 1
 
 
+def test_on_bad_call_end_reads_a_turn_as_the_release_does(video):
+    """on_bad_call="end": one unreadable call among good ones runs none of them and ends the
+    episode without an answer (the release's all-or-nothing reading); "respond" runs the good ones."""
+    broken = THINK + P.format_tool_call(0, 10) + "<tool_call>{not json}</tool_call>" + P.format_tool_call(20, 30)
+    script = [broken, ANSWER]
+    ep = run(ScriptedBackend(script, sub="fine"), video)
+    assert ep.n_executed_calls == 2 and ep.answer == "B" and ep.stopped_on_bad_call is None
+    b = ScriptedBackend(script, sub="fine")
+    ep = run(b, video, on_bad_call="end")
+    assert len(ep.turns) == 1 and subs(b) == [] and ep.turns[0].calls == [] and ep.turns[0].tool_response is None
+    assert ep.n_parsed_calls == 2 and ep.n_executed_calls == 0 and ep.answer is None
+    assert "tool call 2 is not one JSON object" in ep.stopped_on_bad_call
+    assert Episode.from_dict(json.loads(json.dumps(ep.to_dict()))).stopped_on_bad_call == ep.stopped_on_bad_call
+    # a turn the strict reader reads whole runs as before; so does the answer of a broken turn
+    ep = run(ScriptedBackend([calls((0, 10), (20, 30)), ANSWER], sub="fine"), video, on_bad_call="end")
+    assert ep.n_executed_calls == 2 and ep.answer == "B" and ep.stopped_on_bad_call is None
+    ep = run(ScriptedBackend([broken + "<answer>C</answer>"], sub="fine"), video, on_bad_call="end")
+    assert ep.answer == "C" and ep.n_executed_calls == 0
+    # <tool_code> only: the release reads it leniently, and stops only when none of it is readable
+    code = THINK + "<tool_code>crop_video(start_time=0, end_time=10)\nx = 1</tool_code>"
+    ep = run(ScriptedBackend([code, ANSWER], sub="fine"), video, on_bad_call="end")
+    assert ep.n_executed_calls == 1 and ep.answer == "B"
+    ep = run(ScriptedBackend([THINK + "<tool_code>not a call</tool_code>", ANSWER], sub="fine"), video,
+             on_bad_call="end")
+    assert len(ep.turns) == 1 and ep.stopped_on_bad_call and ep.answer is None
+    with pytest.raises(ValueError, match="on_bad_call"):
+        EpisodeConfig(on_bad_call="skip")
+
+
 def test_decode_errors_and_timeouts_stay_local(video, monkeypatch):
     real = VideoReader.acrop
 

@@ -208,6 +208,11 @@ def test_manifest_refuses_other_settings_unless_forced(samples, tmp_path):
     run_eval(samples[:3], make_backend(), EpisodeConfig(frames=8, max_turns=2), out, model="ckpt-a", force=True)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["episode"]["frames"] == 8 and manifest["info"]["forced_over"]["episode"]["frames"] == 4
+    # a manifest of an earlier version, written before an episode setting existed, resumes
+    m = json.loads((out / "manifest.json").read_text())
+    del m["episode"]["on_bad_call"]
+    (out / "manifest.json").write_text(json.dumps(m))
+    assert run_eval(samples[:3], make_backend(), EpisodeConfig(frames=8, max_turns=2), out, model="ckpt-a")["n"] == 3
     # a directory with a manifest but no result yet: nothing to mix, so other settings are allowed
     run_eval(samples[:2], make_backend(), CFG, tmp_path / "empty", limit=0)
     s = run_eval(samples[:2], make_backend(), EpisodeConfig(frames=8, max_turns=2), tmp_path / "empty")

@@ -169,6 +169,41 @@ def test_truncated_second_object_is_reported_not_dropped():
     assert spans(t) == [(1.0, 2.0)] and kinds(t) == ["bad_json"] and "argu" in t.bad_calls[0][1]
 
 
+# Turns the paradox testbed's cold start wrote at τ = 0.7 (rollouts of runs/paradox_gap_oncold), cut
+# to their calls: paravt reads their good calls; the release's all-or-nothing reader reads none.
+SAMPLED_KEY_TYPO = ('llel.</think>\n<tool_call>\n{"name": "crop_video", "crop_time": {"start_time": 14, "end_time": 14}}'
+                    '\n</tool_call>\n<tool_call>\n{"name": "crop_video", "arguments": {"start_time": 0, "end_time": 30}}'
+                    '\n</tool_call>')
+SAMPLED_LOST_OPEN = ('in par\n<tool_call>\n{"name": "crop_video", "arguments": {"start_time": 14, "end_time": 16}}\n'
+                     '</tool_call>\n{"name": "crop_video", "arguments": {"start_time": 15, "end_time": 40}}\n</tool_call>\n'
+                     '<tool_call>\n{"name": "crop_video", "arguments": {"start_time": 21., "end_time": 47}}\n</tool_call>')
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("no calls here <answer>B</answer>", None),
+    (P.format_tool_call(1, 2) + P.format_tool_call(3, 4), None),
+    ('<tool_call>\n{"name": "crop_video", "arguments": {"start_time": 1, "end_time": 2}}\n</tool_call>', None),
+    (P.format_tool_call(1, 2) + "<tool_call>{not json}</tool_call>", "tool call 2 is not one JSON object"),
+    # unclosed: the release's regex reads it to the end of the text, where the trailing prose spoils it
+    (P.format_tool_call(1, 2) + '<tool_call>{"name": "crop_video", "arguments": {"start_time": 3}} then',
+     "tool call 2 is not one JSON object"),
+    ('<tool_call>{"name": "crop_video", "arguments": {"start_time": 3, "end_time": 5}}', None),  # unclosed, whole
+    ('<tool_call>{"name": "crop_video", "start_time": 1, "end_time": 2}</tool_call>', 'lacks "name" or "arguments"'),
+    (P.format_tool_call(1, 2) + "<tool_call>[1, 2]</tool_call>", 'tool call 2 lacks "name" or "arguments"'),
+    # lenient forms parse reads and the release does not: two objects in a block, a Python-literal dict
+    ('<tool_call>{"name": "crop_video", "arguments": {}} {"name": "crop_video", "arguments": {}}</tool_call>',
+     "not one JSON object"),
+    ("<tool_call>{'name': 'crop_video', 'arguments': {}}</tool_call>", "not one JSON object"),
+    (SAMPLED_KEY_TYPO, 'tool call 1 lacks "name" or "arguments"'),
+    (SAMPLED_LOST_OPEN, "tool call 2 is not one JSON object"),  # `21.`; the block without its open tag is prose
+])
+def test_strict_call_problem_reads_a_turn_all_or_nothing(text, problem):
+    got = P.strict_call_problem(text)
+    assert got is None if problem is None else problem in got
+    if problem is not None:
+        assert P.parse(text).calls, "parse still reads the turn's good calls"
+
+
 def test_calls_inside_think_are_kept_but_flagged():
     t = parse("<think>I check " + P.format_tool_call(1, 2) + "</think>")
     assert spans(t) == [(1.0, 2.0)] and "nested_tags" in kinds(t) and not t.bad_calls

@@ -228,10 +228,15 @@ def test_rollout_metrics():
                          rec(1, 1, 1.0, 64, 0, 0.0)], [4, 8, 16, 32, 64])
     assert m["kappa"] == 0.5 and m["f_tau"] == 0.375 and m["accuracy"] == 0.25 and m["zero_signal_groups"] == 0.5
     assert m["k_frac/4"] == 0.5 and m["k_frac/64"] == 0.5 and m["k_frac/8"] == 0.0 and m["tool_use_rate"] == 0.25
+    assert m["stopped_on_bad_call_rate"] == 0.0  # records written before the field count as not stopped
+    stopped = dict(rec(0, 0, 0.0, 4, 2, 0.0), stopped_on_bad_call=True)
+    assert rollout_metrics([stopped, rec(0, 1, 1.0, 4, 0, 0.5)], [4])["stopped_on_bad_call_rate"] == 0.5
 
 
 def test_config_overrides_and_errors(tmp_path):
-    cfg = GRPOConfig.load(None, ["episode.max_turns=2", "reward.w_fmt=0.5", "gating=false", "anchoring=off"])
+    cfg = GRPOConfig.load(None, ["episode.max_turns=2", "reward.w_fmt=0.5", "gating=false", "anchoring=off",
+                                 "episode.on_bad_call=end"])
+    assert cfg.episode.on_bad_call == "end"
     assert cfg.episode.max_turns == 2 and cfg.reward.w_fmt == 0.5 and not cfg.gating and cfg.anchoring == "off"
     assert cfg.lr == 2e-6 and cfg.clip_eps == 0.2 and cfg.kl_coef == 0.01 and cfg.rollouts_per_prompt == 8
     with pytest.raises(ConfigError, match="anchoring must be one of"):
@@ -353,7 +358,7 @@ def test_two_para_grpo_steps_then_resume(tiny_dir, rl_split, tmp_path):
     assert best["reward"] == max(r["reward"] for r in log) and best["step"] == max(log, key=lambda r: r["reward"])["step"]
 
     rec = [json.loads(l) for l in (out / "rollouts.jsonl").read_text().splitlines()]
-    assert len(rec) == 2 * 2 * 2
+    assert len(rec) == 2 * 2 * 2 and all(r["stopped_on_bad_call"] is False for r in rec)
     groups: dict = {}
     for r in rec:
         groups.setdefault((r["step"], r["group"]), []).append(r)

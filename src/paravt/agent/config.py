@@ -44,6 +44,11 @@ class EpisodeConfig:
     # it mid-thought, before any <answer>. False: no think prefix, answer_max_new_tokens_* budget
     # (the public evaluation's direct "answer with the letter" turn).
     final_turn_think: bool = True
+    # A turn with a call that cannot be read. "respond": its good calls run and each bad one is
+    # answered with an error in its own response (SPEC §1.6). "end": read as the public release
+    # reads calls (`protocol.strict_call_problem`, all or nothing): none of the turn's calls run and
+    # the episode ends on that turn, so a broken call costs the answer (for comparison runs).
+    on_bad_call: str = "respond"
 
     def __post_init__(self) -> None:
         if self.mode not in P.MODES:
@@ -62,6 +67,8 @@ class EpisodeConfig:
             raise ValueError("sub_fps, call_timeout_s and model_timeout_s must be positive")
         if self.prompts not in P.PROMPT_PROFILES:
             raise ValueError(f"prompts must be one of {', '.join(P.PROMPT_PROFILES)}, got {self.prompts!r}")
+        if self.on_bad_call not in ("respond", "end"):
+            raise ValueError(f"on_bad_call must be respond or end, got {self.on_bad_call!r}")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}")
 

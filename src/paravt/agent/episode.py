@@ -106,6 +106,13 @@ async def _episode(backend: Backend, reader: VideoReader, question: str, cfg: Ep
         wants_tools = bool(turn.calls or turn.bad_calls) and cfg.mode != "none"
         if (turn.answer is not None and turn.answer_closed) or not wants_tools or last:
             break
+        if cfg.on_bad_call == "end":  # the release's reading: the turn's calls all run, or none and it ends
+            why = P.strict_call_problem(completion.text)
+            if why is None and not turn.calls:  # only <tool_code>, none of it readable
+                why = turn.bad_calls[0][1]
+            if why is not None:
+                ep.stopped_on_bad_call = why
+                break
 
         subcalls, responses = await dispatch_calls(backend, reader, turn, turn_index, cfg, question, now, emit)
         ep.substituted_frames += [{"where": f"call {c.turn}.{c.index}", "requested": r, "got": g}

@@ -140,6 +140,8 @@ class Episode:
     main_prompt_tokens_final: int = 0
     # frames a damaged video could not give, replaced by the nearest decodable one (its own true time)
     substituted_frames: list[dict] = field(default_factory=list)
+    # on_bad_call="end": why the last turn's calls were not run and the episode ended there
+    stopped_on_bad_call: str | None = None
 
     def main_texts(self) -> list[str]:
         """The generated text of every main turn (forced prefix not included)."""
@@ -166,6 +168,7 @@ class Episode:
             "n_parsed_calls": self.n_parsed_calls, "n_executed_calls": self.n_executed_calls,
             "wall_time": self.wall_time, "error": self.error, "main_visual_tokens": self.main_visual_tokens,
             "main_prompt_tokens_final": self.main_prompt_tokens_final, "substituted_frames": self.substituted_frames,
+            "stopped_on_bad_call": self.stopped_on_bad_call,
         }
         if not tokens:
             for t in d["turns"]:

@@ -196,9 +196,12 @@ class ResultWriter:
 
 def _compared(manifest: dict) -> dict:
     """The part of a manifest that must match on resume. Manifests of earlier versions kept the
-    sample count at top level and had no scoring entry (token F1 was the only open-ended metric)."""
+    sample count at top level, had no scoring entry (token F1 was the only open-ended metric), and
+    lack the episode settings added since (each added with the earlier behaviour as its default)."""
     d = {k: v for k, v in manifest.items() if k not in ("info", "n_samples")}
     d.setdefault("scoring", {"oe_metric": "f1"})
+    if isinstance(d.get("episode"), dict):
+        d["episode"] = {**asdict(EpisodeConfig()), **d["episode"]}
     return d
 
 

@@ -61,6 +61,7 @@ def episode_record(ep: "Episode", job: Job, breakdown, step: int) -> dict:
         "answer": ep.answer, "gold": job.sample.answer, "question_type": job.sample.question_type,
         "n_parsed_calls": ep.n_parsed_calls, "n_executed_calls": ep.n_executed_calls, "turns": n_turns,
         "problem_turns": sum(1 for t in ep.turns if t.parsed.get("problems")),
+        "stopped_on_bad_call": ep.stopped_on_bad_call is not None,
         "gen_tokens": sum(c.completion_tokens for c in ep.model_calls()),
         "main_texts": ep.main_texts(),
         "versions": sorted({int(c.weight_version) for c in ep.model_calls() if c.weight_version is not None}),
@@ -69,7 +70,8 @@ def episode_record(ep: "Episode", job: Job, breakdown, step: int) -> dict:
 
 def rollout_metrics(records: list[dict], k_choices: list[int]) -> dict[str, float]:
     """Step metrics of the rollouts: mean reward and terms, fτ (mean format reward), κ (tool calls
-    per rollout), accuracy, parse-problem rate, K distribution, share of zero-signal groups."""
+    per rollout), accuracy, parse-problem rate, episodes an unreadable call ended (episode.on_bad_call:
+    end), K distribution, share of zero-signal groups."""
     if not records:
         return {}
     n = len(records)
@@ -87,6 +89,7 @@ def rollout_metrics(records: list[dict], k_choices: list[int]) -> dict[str, floa
         "tool_use_rate": sum(1 for r in records if r["n_parsed_calls"] > 0) / n,
         "answered_rate": sum(1 for r in records if r["answer"] is not None) / n,
         "turns_per_rollout": turns / n, "parse_problem_rate": sum(r["problem_turns"] for r in records) / max(turns, 1),
+        "stopped_on_bad_call_rate": sum(1 for r in records if r.get("stopped_on_bad_call")) / n,
         "zero_signal_groups": sum(1 for g in groups.values() if max(g) - min(g) < 1e-9) / len(groups),
         "k_mean": sum(ks.values()) / len(ks),
     }
