@@ -246,7 +246,15 @@ def eval_jobs(a) -> list[tuple[list[str], Path, dict]]:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    """The rows of a JSONL file a run may still be appending to (its log, its rollouts, an eval cell): a line
+    that does not decode (the half-written last one) is skipped, and the file is never written to."""
+    rows = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
 
 
 def tenths(rows: list[dict]) -> tuple[list[dict], list[dict]]:
@@ -458,22 +466,28 @@ def call_vs_skip(a) -> list[str]:
     a think before a parseable call, so a call out-earns an equally right, well-formed skip by 0.2 (0.3 with
     the answer suffix off) without any R_tool."""
     kmax = max(a.k_choices)
-    lines = ["| run | rollouts | skip | acc call / skip | R_fmt call / skip | R call / skip | "
-             "parse problem call / skip |", "|---|---|---|---|---|---|---|"]
+    rows = []
     for rid, name, seed in run_ids(a):
         rolls = read_jsonl(a.out / "rl" / rid / "rollouts.jsonl")
         if not rolls:
             continue
         steps = max(r["step"] for r in rolls)
         sel = [r for r in rolls if r["k"] == kmax and 3 * (r["step"] - 1) // steps == 2]
-        if not sel:
-            continue
+        if sel:
+            rows.append((f"{run_label(a, name)} {seed}", sel))
+    # episode.on_bad_call=end: the share of calling rollouts that an unreadable call ended unanswered
+    stops = any(r.get("stopped_on_bad_call") for _, sel in rows for r in sel)
+    lines = ["| run | rollouts | skip | acc call / skip | R_fmt call / skip | R call / skip | "
+             "parse problem call / skip |" + (" calls stopped by a bad call |" if stops else ""),
+             "|---|---|---|---|---|---|---|" + ("---|" if stops else "")]
+    for label, sel in rows:
         call = [r for r in sel if r["n_parsed_calls"] > 0]
         skip = [r for r in sel if r["n_parsed_calls"] == 0]
         pair = lambda f: " / ".join("–" if not g else f"{mean(f(r) for r in g):.2f}" for g in (call, skip))  # noqa: E731
-        lines.append(f"| {run_label(a, name)} {seed} | {len(sel)} | {len(skip) / len(sel):.2f} | "
+        stopped = f" {num(mean(float(bool(r.get('stopped_on_bad_call'))) for r in call))} |" if stops else ""
+        lines.append(f"| {label} | {len(sel)} | {len(skip) / len(sel):.2f} | "
                      f"{pair(lambda r: r['accuracy'])} | {pair(lambda r: r['format'])} | {pair(lambda r: r['reward'])} | "
-                     f"{pair(lambda r: float(r['problem_turns'] > 0))} |")
+                     f"{pair(lambda r: float(r['problem_turns'] > 0))} |{stopped}")
     return lines
 
 
@@ -659,6 +673,11 @@ def collapse_lines(a, summaries: dict) -> list[str]:
     return lines
 
 
+def sets_text(a) -> str:
+    """The runs' own overrides (`--set`), as the doc names them; nothing when there are none."""
+    return f" (every run also: {', '.join(f'`{x}`' for x in a.set)})" if a.set else ""
+
+
 def write_gap_doc(a) -> str:
     """The 2×2's tables between their own markers (Table 2's section is left as it is)."""
     plot(a)
@@ -666,8 +685,8 @@ def write_gap_doc(a) -> str:
     start, end = gap_markers(a)
     body = [start, f"Vanilla GRPO runs of {a.steps} steps (config `{shown(a.config)}`, vanilla's overrides: no "
             f"gating, no anchoring, no think prefix, no answer suffix), from `{shown(a.cold)}` (cold_400) and "
-            f"`{shown(a.skip_cold)}` ({a.skip_label}), under paravt's reward and under `reward.release_compat`; "
-            f"held-out accuracy on the first {a.limit} questions of `{shown(a.test)}`, greedy, parallel dispatch, "
+            f"`{shown(a.skip_cold)}` ({a.skip_label}), under paravt's reward and under `reward.release_compat`"
+            f"{sets_text(a)}; held-out accuracy on the first {a.limit} questions of `{shown(a.test)}`, greedy, parallel dispatch, "
             "with the 95 % Wilson interval (the runs and the base without the think prefix, the cold starts with it, "
             "as each was trained). fτ, κ: means over the first and the last tenth "
             "of the steps (τ = 0.7 rollouts).", "", *table, "",

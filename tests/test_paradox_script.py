@@ -115,6 +115,14 @@ def test_advantage_gap_and_call_vs_skip_read_the_same_groups(paradox, tmp_path):
     assert list(gap) == [64] and gap[64] == [2.0] * 10
     rows = paradox.call_vs_skip(a)  # K = 64 only, steps 9-12 (the last third)
     assert rows[2:] == ["| PARA-GRPO 1 | 8 | 0.50 | 1.00 / 1.00 | 1.00 / 0.80 | 2.80 / 1.80 | 0.00 / 1.00 |"]
+    # episode.on_bad_call=end: a column for the calling rollouts an unreadable call ended (one in four here),
+    # and a half-written last line (a run still appending) is skipped, not a crash
+    for r in rolls:
+        r["stopped_on_bad_call"] = r["n_parsed_calls"] == 2 and r["step"] % 4 == 0
+    (d / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rolls) + '{"step": 13, "gro')
+    rows = paradox.call_vs_skip(a)
+    assert rows[0].endswith("| calls stopped by a bad call |") and rows[1].count("---") == 8
+    assert rows[2:] == ["| PARA-GRPO 1 | 8 | 0.50 | 1.00 / 1.00 | 1.00 / 0.80 | 2.80 / 1.80 | 0.00 / 1.00 | 0.25 |"]
 
 
 def test_a_cell_still_being_evaluated_is_neither_shown_as_a_figure_nor_claimed(paradox, tmp_path):
@@ -198,6 +206,9 @@ def test_the_gap_testbed_is_vanilla_from_two_cold_starts_under_two_rewards(parad
     assert "![curves](paradox_gap_oncold_curves.png)" in second and (a.docs / "paradox_gap_oncold_curves.png").exists()
     paradox.write_doc(b)  # rewritten in place
     assert (a.docs / "paradox.md").read_text() == doc2
+    assert "every run also" not in second
+    b.set = ["episode.on_bad_call=end"]  # the runs' own overrides are named
+    assert "`reward.release_compat` (every run also: `episode.on_bad_call=end`); held-out" in paradox.write_doc(b)
 
 
 def test_the_collapse_testbed_is_table_2_a_and_b_from_the_chosen_start_under_the_chosen_reward(paradox, tmp_path):
