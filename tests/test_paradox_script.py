@@ -123,6 +123,9 @@ def test_advantage_gap_and_call_vs_skip_read_the_same_groups(paradox, tmp_path):
     rows = paradox.call_vs_skip(a)
     assert rows[0].endswith("| calls stopped by a bad call |") and rows[1].count("---") == 8
     assert rows[2:] == ["| PARA-GRPO 1 | 8 | 0.50 | 1.00 / 1.00 | 1.00 / 0.80 | 2.80 / 1.80 | 0.00 / 1.00 | 0.25 |"]
+    # the first tenth: steps 1-2 here (12 steps), whose calls were not stopped; the column stays
+    first = paradox.call_vs_skip(a, first=True)
+    assert first[2:] == ["| PARA-GRPO 1 | 4 | 0.50 | 1.00 / 1.00 | 1.00 / 0.80 | 2.80 / 1.80 | 0.00 / 1.00 | 0.00 |"]
 
 
 def test_a_cell_still_being_evaluated_is_neither_shown_as_a_figure_nor_claimed(paradox, tmp_path):
