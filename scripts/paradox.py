@@ -41,6 +41,12 @@ the skip rows' SFT on top of cold_400 (scripts/paradox_testbed.py --skip-start p
     python scripts/paradox.py --testbed collapse --cold runs/paradox_testbed/skipcold_400 \
         --set reward.release_compat=true --stage train --jobs 2
 
+A campaign on another condition goes into its own folder, section and figures (`--out`), e.g. with calls read
+as the release reads them (`episode.on_bad_call=end`):
+
+    python scripts/paradox.py --testbed collapse --cold runs/paradox_testbed/skipcold_400 --set reward.release_compat=true \
+        --set episode.on_bad_call=end --out runs/paradox_collapse_end --stage train --jobs 2
+
 Each stage is a `paravt` command per cell (printed before it runs, so any cell can be rerun by
 hand); all of them resume, so rerunning continues where a run stopped.
 """
@@ -110,6 +116,14 @@ def run_label(a, name: str) -> str:
 COLLAPSE_RUNS = {name: v for name, v in RUNS.items() if name not in LATE}
 COL_START = "<!-- collapse table 2: scripts/paradox.py --testbed collapse --stage doc -->"
 COL_END = "<!-- end of collapse table 2 -->"
+
+
+def collapse_markers(a) -> tuple[str, str]:
+    """Table 2 A–B's markers; a campaign on another condition (its own `--out`) gets its own section."""
+    if a.out.name == "paradox_collapse":
+        return COL_START, COL_END
+    return (f"<!-- collapse table 2 ({a.out.name}): scripts/paradox.py --testbed collapse --stage doc -->",
+            f"<!-- end of collapse table 2 ({a.out.name}) -->")
 
 
 def testbed(a) -> str:
@@ -638,7 +652,7 @@ def shown(path: Path) -> str:
 
 
 def figure_prefix(a) -> str:
-    return {"gap": a.out.name, "collapse": "paradox_collapse"}.get(testbed(a), "paradox")
+    return a.out.name if testbed(a) in ("gap", "collapse") else "paradox"
 
 
 def gap_lines(a) -> list[str]:
@@ -709,7 +723,9 @@ def write_collapse_doc(a) -> str:
     plot(a)
     table, summaries = main_table(a)
     sets = ", ".join(f"`{x}`" for x in a.set) or "none"
-    body = [COL_START, f"Runs of {a.steps} steps from `{shown(a.cold)}` (config `{shown(a.config)}`, RL rows "
+    start, end = collapse_markers(a)
+    prefix = figure_prefix(a)
+    body = [start, f"Runs of {a.steps} steps from `{shown(a.cold)}` (config `{shown(a.config)}`, RL rows "
             f"`{shown(a.train)}`; every run also: {sets}); held-out accuracy on the first {a.limit} questions of "
             f"`{shown(a.test)}`, greedy, parallel dispatch, with the 95 % Wilson interval; vanilla evaluated "
             "without the think prefix, as it was trained. fτ, κ: means over the first and the last tenth of the "
@@ -718,12 +734,12 @@ def write_collapse_doc(a) -> str:
             "that call against those that skip (R: the episode's reward before shaping).", "", *call_vs_skip(a), "",
             *gap_lines(a), "", "Held-out accuracy per kind of question (event colour: what colour was the shape; "
             "other: the background's colour), and tool calls per question, parallel dispatch:", "", *task_table(a), "",
-            "![curves](paradox_collapse_curves.png)", "",
-            "![advantage gap](paradox_collapse_advantage.png)", "",
+            f"![curves]({prefix}_curves.png)", "",
+            f"![advantage gap]({prefix}_advantage.png)", "",
             "What reproduced (finished runs only, seed means where a family has two):", "",
-            *claims(a, {rid: s for rid, s in summaries.items() if s["steps"] >= a.steps}), COL_END]
+            *claims(a, {rid: s for rid, s in summaries.items() if s["steps"] >= a.steps}), end]
     text = "\n".join(body)
-    write_between(a.docs / "paradox.md", COL_START, COL_END, text)
+    write_between(a.docs / "paradox.md", start, end, text)
     return text
 
 

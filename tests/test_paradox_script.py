@@ -218,7 +218,7 @@ def test_the_collapse_testbed_is_table_2_a_and_b_from_the_chosen_start_under_the
     """--testbed collapse: blocks A and B (eight runs, no block C) from --cold with --set on every run, its
     section under its own markers beside Table 2's and the 2×2's, with the anchoring-only κ claim."""
     a = args(tmp_path, testbed="collapse", cold=tmp_path / "skip", set=["reward.release_compat=true"],
-             train=tmp_path / "train")
+             train=tmp_path / "train", out=tmp_path / "paradox_collapse")
     jobs = {next(x for x in cmd if x.startswith("out=")).rsplit("/", 1)[1]: cmd for cmd, _, _ in paradox.train_jobs(a)}
     # gating only and − γ differ from PARA-GRPO only in anchor terms, which the release's reward never fires
     assert sorted(jobs) == sorted(["vanilla_s1", "vanilla_s2", "para_s1", "para_s2", "anchoring_only_s1",
@@ -253,6 +253,15 @@ def test_the_collapse_testbed_is_table_2_a_and_b_from_the_chosen_start_under_the
            "(0.40 vs 1.00)" in doc
     assert "block C" not in doc and "no think prefix repairs" not in doc  # neither is this testbed's
     assert (a.docs / "paradox_collapse_curves.png").exists()
+    # a campaign on another condition (its own --out): its own section after the first, its own figures
+    b = args(tmp_path, testbed="collapse", cold=tmp_path / "skip", train=tmp_path / "train", docs=a.docs,
+             set=["reward.release_compat=true", "episode.on_bad_call=end"], out=tmp_path / "paradox_collapse_end")
+    write_run(b, "vanilla_s1", (1, 0.05), (0.5, 0.6))
+    paradox.write_doc(b)
+    doc2 = (a.docs / "paradox.md").read_text()
+    assert doc2.startswith(doc) and "<!-- end of collapse table 2 (paradox_collapse_end) -->" in doc2[len(doc):]
+    assert "every run also: `reward.release_compat=true`, `episode.on_bad_call=end`" in doc2[len(doc):]
+    assert "![curves](paradox_collapse_end_curves.png)" in doc2 and (a.docs / "paradox_collapse_end_curves.png").exists()
 
 
 def test_the_task_table_tells_a_model_that_reads_its_crops_from_one_that_answers_the_background(paradox, tmp_path):
