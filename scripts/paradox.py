@@ -684,7 +684,8 @@ def collapse_lines(a, summaries: dict) -> list[str]:
             continue
         ratio = s["k_last"] / s["k_first"] if s["k_first"] else math.nan
         verdict = "**collapses**" if s["k_last"] <= COLLAPSE * s["k_first"] else "does not collapse"
-        lines.append(f"{what} (last/first {num(ratio)}): {verdict} (κ last ≤ {COLLAPSE:g} × κ first)")
+        digits = 3 if abs(ratio - COLLAPSE) < 0.005 else 2  # 0.101 is not 0.10: the verdict's own digit shown
+        lines.append(f"{what} (last/first {num(ratio, digits)}): {verdict} (κ last ≤ {COLLAPSE:g} × κ first)")
     return lines
 
 

@@ -190,6 +190,10 @@ def test_the_gap_testbed_is_vanilla_from_two_cold_starts_under_two_rewards(parad
     paradox.write_doc(a)
     doc = (a.docs / "paradox.md").read_text()
     assert "skip cold start, release reward, seed 1: κ 2.00 → 0.10 (last/first 0.05): **collapses**" in doc
+    write_run(a, "van_cold_rel_s1", (1.0, 0.1012), (0.3, 0.4))  # 0.1012 / 1.0: just above the line
+    got = paradox.collapse_lines(a, {
+        "van_cold_rel_s1": paradox.run_summary(a, "van_cold_rel_s1")})
+    assert any("(last/first 0.101): does not collapse" in x for x in got), got
     assert "cold_400, paravt reward, seed 1: κ 3.00 → 0.10 at step 6 of 10: still training, no verdict" in doc
     assert (a.docs / "paradox_gap_curves.png").exists()
 
