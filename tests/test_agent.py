@@ -201,6 +201,13 @@ def test_on_bad_call_end_reads_a_turn_as_the_release_does(video):
     ep = run(ScriptedBackend([THINK + "<tool_code>not a call</tool_code>", ANSWER], sub="fine"), video,
              on_bad_call="end")
     assert len(ep.turns) == 1 and ep.stopped_on_bad_call and ep.answer is None
+    # an unclosed last call holding a whole object: the release runs it, so the episode does too
+    unclosed = THINK + P.format_tool_call(0, 10) + '<tool_call>{"name": "crop_video", "arguments": ' \
+        '{"start_time": 20, "end_time": 30}}'
+    ep = run(ScriptedBackend([unclosed, ANSWER], sub=sub_echo), video, on_bad_call="end")
+    assert [(c.start, c.status) for c in ep.turns[0].calls] == [(0, "ok"), (20, "ok")] and ep.answer == "B"
+    ep = run(ScriptedBackend([unclosed, ANSWER], sub=sub_echo), video)  # paravt's reading: unclosed, answered
+    assert [c.status for c in ep.turns[0].calls] == ["ok", "error"]
     with pytest.raises(ValueError, match="on_bad_call"):
         EpisodeConfig(on_bad_call="skip")
 

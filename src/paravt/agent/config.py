@@ -46,7 +46,7 @@ class EpisodeConfig:
     final_turn_think: bool = True
     # A turn with a call that cannot be read. "respond": its good calls run and each bad one is
     # answered with an error in its own response (SPEC §1.6). "end": read as the public release
-    # reads calls (`protocol.strict_call_problem`, all or nothing): none of the turn's calls run and
+    # reads calls (`protocol.strict_calls`, all or nothing): none of the turn's calls run and
     # the episode ends on that turn, so a broken call costs the answer (for comparison runs).
     on_bad_call: str = "respond"
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -107,8 +108,10 @@ async def _episode(backend: Backend, reader: VideoReader, question: str, cfg: Ep
         if (turn.answer is not None and turn.answer_closed) or not wants_tools or last:
             break
         if cfg.on_bad_call == "end":  # the release's reading: the turn's calls all run, or none and it ends
-            why = P.strict_call_problem(completion.text)
-            if why is None and not turn.calls:  # only <tool_code>, none of it readable
+            strict, why = P.strict_calls(completion.text)
+            if strict is not None:  # what runs is what the strict reader read (an unclosed last call included)
+                turn = replace(turn, calls=strict, bad_calls=[])
+            elif why is None and not turn.calls:  # only <tool_code>, none of it readable
                 why = turn.bad_calls[0][1]
             if why is not None:
                 ep.stopped_on_bad_call = why

@@ -9,7 +9,7 @@ episode can answer it with an error inside its own `<tool_response>` (SPEC §1.6
 
     tags.py     the tags, and the structure of tagged text (think blocks, balance, blocks)
     tools.py    the crop_video schema, ToolCall, checked arguments, call and response texts
-    parse.py    parse(text) -> Turn, extract_answer, strict_call_problem (the release's all-or-nothing read)
+    parse.py    parse(text) -> Turn, extract_answer, strict_calls (the release's all-or-nothing read)
     prompts.py  system, user, sub-agent and answer-now prompts; the paravt and official profiles
 
 Use it as `from paravt import protocol as P`; every name is here.
@@ -22,7 +22,7 @@ from paravt.protocol.tags import (ALL_TAGS, ANSWER_CLOSE, ANSWER_OPEN, STRUCTURA
 from paravt.protocol.tools import (CROP_VIDEO_TOOL, MAX_CALL_FRAMES, TOOL_NAME, CropArgs, ToolCall, ToolCallError,
                                    crop_args, format_error, format_tool_call, format_tool_response,
                                    format_tool_responses, parse_seconds, timestamp_text, tool_schema)
-from paravt.protocol.parse import Problem, Turn, extract_answer, parse, strict_call_problem
+from paravt.protocol.parse import Problem, Turn, extract_answer, parse, strict_calls
 from paravt.protocol.prompts import (MODES, OFFICIAL_CROP_VIDEO_TOOL, PROMPT_KINDS, PROMPT_PROFILES, QUESTION_TYPES,
                                      answer_instruction, final_answer_instruction, main_system, native_tools_block,
                                      subagent_prompt, system_prompt, user_prompt_text, with_tools)
@@ -34,6 +34,6 @@ __all__ = ["ALL_TAGS", "ANSWER_CLOSE", "ANSWER_OPEN", "CROP_VIDEO_TOOL", "CropAr
            "TOOL_RESPONSE_OPEN", "ToolCall", "ToolCallError", "Turn", "answer_instruction", "blocks", "crop_args",
            "drop_blocks", "extract_answer", "final_answer_instruction", "format_error", "format_tool_call",
            "format_tool_response", "format_tool_responses", "main_system", "native_tools_block", "parse",
-           "parse_seconds", "strict_call_problem", "strip_tags", "subagent_prompt", "system_prompt", "tags_balanced",
+           "parse_seconds", "strict_calls", "strip_tags", "subagent_prompt", "system_prompt", "tags_balanced",
            "think_blocks", "think_open_at_end", "think_spans", "timestamp_text", "tool_schema", "user_prompt_text",
            "with_tools"]

@@ -239,25 +239,27 @@ _HERMES_RE = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CA
                         + re.escape(TOOL_CALL_OPEN) + r"(.*)", re.DOTALL)
 
 
-def strict_call_problem(text: str) -> str | None:
-    """Why a strict Hermes reader would run none of this turn's calls, or None when it reads them
-    all (or the turn writes no `<tool_call>`). The public release's rollout loop reads calls this
-    way (its parser is a copy of vLLM's `hermes` tool parser): every `<tool_call>` block, the last
-    one to the end of the text when it is never closed, must be one JSON object with "name" and
-    "arguments", or the turn has no calls at all and the episode ends there (docs/rl.md, departures).
-    `parse` is lenient where this is not: it reads the good calls of a turn and answers each
-    unreadable one in its own response (SPEC §1.6)."""
+def strict_calls(text: str) -> tuple[list[ToolCall] | None, str | None]:
+    """A turn's calls as a strict Hermes reader reads them: (calls, None) when it reads every one,
+    (None, why) when it reads none, (None, None) when the turn writes no `<tool_call>`. The public
+    release's rollout loop reads calls this way (its parser is a copy of vLLM's `hermes` tool
+    parser): every `<tool_call>` block, the last one to the end of the text when it is never closed,
+    must be one JSON object with "name" and "arguments", or the turn has no calls at all and the
+    episode ends there (docs/rl.md, departures). `parse` is lenient where this is not: it reads the
+    good calls of a turn and answers each unreadable one in its own response (SPEC §1.6)."""
     if not isinstance(text, str) or TOOL_CALL_OPEN not in text:
-        return None
+        return None, None
+    calls = []
     for n, (closed, unclosed) in enumerate(_HERMES_RE.findall(text), 1):
         body = closed or unclosed
         try:
             obj = json.loads(body)
         except (ValueError, RecursionError):
-            return f"tool call {n} is not one JSON object: {_short(body, 120)}"
+            return None, f"tool call {n} is not one JSON object: {_short(body, 120)}"
         if not isinstance(obj, dict) or "name" not in obj or "arguments" not in obj:
-            return f'tool call {n} lacks "name" or "arguments": {_short(body, 120)}'
-    return None
+            return None, f'tool call {n} lacks "name" or "arguments": {_short(body, 120)}'
+        calls.append(ToolCall(name=str(obj["name"]), arguments=obj["arguments"], raw=body))
+    return calls, None
 
 
 def extract_answer(text: str) -> str | None:
