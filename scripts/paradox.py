@@ -44,8 +44,8 @@ the skip rows' SFT on top of cold_400 (scripts/paradox_testbed.py --skip-start p
 A campaign on another condition goes into its own folder, section and figures (`--out`), e.g. with calls read
 as the release reads them (`episode.on_bad_call=end`):
 
-    python scripts/paradox.py --testbed collapse --cold runs/paradox_testbed/skipcold_400 --set reward.release_compat=true \
-        --set episode.on_bad_call=end --out runs/paradox_collapse_end --stage train --jobs 2
+    python scripts/paradox.py --testbed collapse --cold runs/paradox_testbed/skipcold_400 \
+        --set reward.release_compat=true --set episode.on_bad_call=end --out runs/paradox_collapse_end --stage train
 
 Each stage is a `paravt` command per cell (printed before it runs, so any cell can be rerun by
 hand); all of them resume, so rerunning continues where a run stopped.
@@ -475,10 +475,11 @@ def block_c(a) -> list[str]:
 
 def call_vs_skip(a, first: bool = False) -> list[str]:
     """At the largest K, over the last third of each run's steps (`first`: its first tenth, the cold start's
-    rollouts before RL has moved it far): the rollouts that called against those that skipped, by accuracy, format reward, total reward and share with a parse problem. What decides whether
-    GRPO keeps the tools is what a skip earns against a call, not the accuracy alone: R_fmt itself pays 0.3 for
-    a think before a parseable call, so a call out-earns an equally right, well-formed skip by 0.2 (0.3 with
-    the answer suffix off) without any R_tool."""
+    rollouts before RL has moved it far): the rollouts that called against those that skipped, by accuracy,
+    format reward, total reward and share with a parse problem. What decides whether GRPO keeps the tools is
+    what a skip earns against a call, not the accuracy alone: R_fmt itself pays 0.3 for a think before a
+    parseable call, so a call out-earns an equally right, well-formed skip by 0.2 (0.3 with the answer suffix
+    off) without any R_tool."""
     kmax = max(a.k_choices)
     rows, stops = [], False
     for rid, name, seed in run_ids(a):
@@ -689,9 +690,9 @@ def collapse_lines(a, summaries: dict) -> list[str]:
     return lines
 
 
-def sets_text(a) -> str:
-    """The runs' own overrides (`--set`), as the doc names them; nothing when there are none."""
-    return f" (every run also: {', '.join(f'`{x}`' for x in a.set)})" if a.set else ""
+def sets_list(a) -> str:
+    """The runs' own overrides (`--set`), as the docs name them."""
+    return ", ".join(f"`{x}`" for x in a.set)
 
 
 def write_gap_doc(a) -> str:
@@ -702,18 +703,18 @@ def write_gap_doc(a) -> str:
     body = [start, f"Vanilla GRPO runs of {a.steps} steps (config `{shown(a.config)}`, vanilla's overrides: no "
             f"gating, no anchoring, no think prefix, no answer suffix), from `{shown(a.cold)}` (cold_400) and "
             f"`{shown(a.skip_cold)}` ({a.skip_label}), under paravt's reward and under `reward.release_compat`"
-            f"{sets_text(a)}; held-out accuracy on the first {a.limit} questions of `{shown(a.test)}`, greedy, parallel dispatch, "
-            "with the 95 % Wilson interval (the runs and the base without the think prefix, the cold starts with it, "
-            "as each was trained). fτ, κ: means over the first and the last tenth "
-            "of the steps (τ = 0.7 rollouts).", "", *table, "",
+            + (f" (every run also: {sets_list(a)})" if a.set else "") + f"; held-out accuracy on the first {a.limit} "
+            f"questions of `{shown(a.test)}`, greedy, parallel dispatch, with the 95 % Wilson interval (the runs and "
+            "the base without the think prefix, the cold starts with it, as each was trained). fτ, κ: means over the "
+            "first and the last tenth of the steps (τ = 0.7 rollouts).", "", *table, "",
             "Held-out accuracy per kind of question (event colour / the background's colour) and calls per question:",
             "", *task_table(a), "", "Which conditions collapse:", "",
             *collapse_lines(a, summaries), "",
             f"In training at K = {max(a.k_choices)}, over the last third of each run's steps: the rollouts that call "
             "against those that skip (R: the episode's reward before shaping, under the run's own reward).", "",
             *call_vs_skip(a), "", "The same over the first tenth of each run's steps, where the cold start has "
-            "barely moved:", "", *call_vs_skip(a, first=True), "", *gap_lines(a), "", f"![curves]({figure_prefix(a)}_curves.png)", "",
-            f"![advantage gap]({figure_prefix(a)}_advantage.png)", end]
+            "barely moved:", "", *call_vs_skip(a, first=True), "", *gap_lines(a), "",
+            f"![curves]({figure_prefix(a)}_curves.png)", "", f"![advantage gap]({figure_prefix(a)}_advantage.png)", end]
     text = "\n".join(body)
     write_between(a.docs / "paradox.md", start, end, text)
     return text
@@ -723,7 +724,7 @@ def write_collapse_doc(a) -> str:
     """Table 2 A–B on the collapse: its table, curves and claims between their own markers."""
     plot(a)
     table, summaries = main_table(a)
-    sets = ", ".join(f"`{x}`" for x in a.set) or "none"
+    sets = sets_list(a) or "none"
     start, end = collapse_markers(a)
     prefix = figure_prefix(a)
     body = [start, f"Runs of {a.steps} steps from `{shown(a.cold)}` (config `{shown(a.config)}`, RL rows "
