@@ -149,8 +149,9 @@ def test_the_producer_keeps_the_recipes_capacity_and_drops_groups_past_the_bound
         assert [g.index for g in groups] == [3, 4] and p.stale_groups == 1
         assert on_loop(lambda: p.accepted + p.running) == (2 + 3 + 1) * 2  # the dropped group's room refilled
     finally:
-        for ev, _ in release.values():
-            p.loop.call_soon_threadsafe(ev.set)
+        # on the producer's loop, which starts groups (and adds to `release`) as room opens: iterating it
+        # from this thread raced with a group starting under load ("dictionary changed size")
+        p.loop.call_soon_threadsafe(lambda: [ev.set() for ev, _ in list(release.values())])
         p.close()
 
 
