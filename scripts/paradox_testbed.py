@@ -67,6 +67,12 @@ def base_checkpoint(a) -> Path:
     return own if (own / "config.json").exists() else Path(a.base)
 
 
+def k64_cell(np: str, seed: int) -> str:
+    """The measured cell of τ = 0.7 rollouts at K = 64 for one seed; `np` is "_np" without the think prefix.
+    Seed 0 is the cell the first table reads, the others feed the call-vs-skip split."""
+    return f"t07_k64{np}" + (f"_s{seed}" if seed else "")
+
+
 def model_path(a, name: str) -> Path:
     """A model by its name: this testbed's (OUT/<name>), else a shipped one (src/paravt/assets/<name>)."""
     path = a.out / name
@@ -162,7 +168,7 @@ def measure(a, name: str) -> dict:
     if a.np_models is None or name in a.np_models:
         cells += [(f"{c}_np", {**o, "think_prefix": False}, m) for c, o, m in cells if c != "none_k64"]
     # more τ = 0.7 rollouts at K = 64 (other seeds), for the call-vs-skip split
-    cells += [(f"t07_k64{np}_s{seed}", dict(frames=64, temperature=a.temperature, seed=seed, **over), "parallel")
+    cells += [(k64_cell(np, seed), dict(frames=64, temperature=a.temperature, seed=seed, **over), "parallel")
               for seed in range(1, a.k64_samples) for np, over in (("", {}), ("_np", {"think_prefix": False}))
               if not np or a.np_models is None or name in a.np_models]
     if a.cells:  # only these (a model measured so is left out of the full tables, kept in the split)
@@ -279,7 +285,7 @@ def expected_cells(a, name: str) -> set[str]:
     np = a.np_models is None or name in a.np_models
     cells = {f"{c}_k{k}" for c in ("greedy", "t07") for k in KS} | {"none_k64"}
     cells |= {f"{c}_np" for c in cells if c != "none_k64"} if np else set()
-    cells |= {f"t07_k64{x}_s{seed}" for seed in range(1, a.k64_samples) for x in ("", "_np") if np or not x}
+    cells |= {k64_cell(x, seed) for seed in range(1, a.k64_samples) for x in ("", "_np") if np or not x}
     return cells
 
 
@@ -308,7 +314,7 @@ def crops_table(a, names: list[str]) -> str:
             continue
         ev = [r["score"] or 0.0 for r in g4 if (r.get("extras") or {}).get("needs_event")]
         ot = [r["score"] or 0.0 for r in g4 if not (r.get("extras") or {}).get("needs_event")]
-        cells = {x: [f"t07_k64{x}" + (f"_s{seed}" if seed else "") for seed in range(a.k64_samples)] for x in ("", "_np")}
+        cells = {x: [k64_cell(x, seed) for seed in range(a.k64_samples)] for x in ("", "_np")}
         k64 = {x: [r for c in cs for r in cell_rows(a, name, c)] for x, cs in cells.items()}  # the seeds pooled
         skip = {x: mean([float(not r["n_calls"]) for r in rs]) for x, rs in k64.items()}
         split = {x: " / ".join(mean([r["score"] or 0.0 for r in rs if bool(r["n_calls"]) == c]) for c in (True, False))
@@ -316,7 +322,8 @@ def crops_table(a, names: list[str]) -> str:
         lines.append(f"| {name} | {100 * sum(r['score'] or 0.0 for r in g4) / len(g4):.1f} | "
                      f"{100 * sum(ev) / max(len(ev), 1):.1f} / {100 * sum(ot) / max(len(ot), 1):.1f} | "
                      f"{mean([float(r['n_calls']) for r in g4])} | {mean([float(bool(r['n_problems'])) for r in g4])} | "
-                     f"{skip['']} / {skip['_np']} ({len(k64[''])} / {len(k64['_np'])}) | {split['']} | {split['_np']} |")
+                     f"{skip['']} / {skip['_np']} ({len(k64[''])} / {len(k64['_np'])}) | {split['']} | "
+                     f"{split['_np']} |")
     return "\n".join(lines)
 
 
@@ -325,7 +332,8 @@ DOC_MARKERS = {
     "first": ("<!-- testbed table: scripts/paradox_testbed.py --write-doc -->", "<!-- end of testbed table -->"),
     "skip": ("<!-- skip testbed table: scripts/paradox_testbed.py --table skip --write-doc -->",
              "<!-- end of skip testbed table -->"),
-    "crops": ("<!-- crops table: scripts/paradox_testbed.py --table crops --write-doc -->", "<!-- end of crops table -->"),
+    "crops": ("<!-- crops table: scripts/paradox_testbed.py --table crops --write-doc -->",
+              "<!-- end of crops table -->"),
 }
 
 
@@ -335,23 +343,23 @@ def write_doc(a, results: dict[str, dict]) -> None:
     start, end = DOC_MARKERS[a.table]
     if a.table == "crops":
         section = (f"The first {a.limit} questions of the test split, parallel dispatch, {a.max_new_tokens} new "
-                f"tokens a turn; K = 4 greedy with the think prefix; K = 64 at τ = {a.temperature}, the seeds measured "
-                f"of 0–{a.k64_samples - 1} pooled, with the prefix and without it (none, the vanilla baseline's "
-                f"rollouts).\n\n{crops_table(a, list(results))}")
+                   f"tokens a turn; K = 4 greedy with the think prefix; K = 64 at τ = {a.temperature}, the seeds "
+                   f"measured of 0–{a.k64_samples - 1} pooled, with the prefix and without it (none, the vanilla "
+                   f"baseline's rollouts).\n\n{crops_table(a, list(results))}")
     elif a.table == "skip":
         section = (f"The first {a.limit} questions of the test split; greedy and τ = {a.temperature} episodes, "
-                f"parallel dispatch, {a.max_new_tokens} new tokens a turn; {a.k64_samples} τ = {a.temperature} "
-                f"seed(s) at K = 64 for the call-vs-skip split.\n\n{table(results)}\n\nWithout the forced think "
-                f"prefix (the vanilla baseline's rollouts):\n\n{table_np(results)}\n\nAt K = 64, τ = "
-                f"{a.temperature}: the rollouts that call against those that skip (R: the episode's reward with "
-                f"anchoring off, as vanilla GRPO scores it, under paravt's reward and under "
-                f"`reward.release_compat`):\n\n{split_table(results)}")
+                   f"parallel dispatch, {a.max_new_tokens} new tokens a turn; {a.k64_samples} τ = {a.temperature} "
+                   f"seed(s) at K = 64 for the call-vs-skip split.\n\n{table(results)}\n\nWithout the forced think "
+                   f"prefix (the vanilla baseline's rollouts):\n\n{table_np(results)}\n\nAt K = 64, τ = "
+                   f"{a.temperature}: the rollouts that call against those that skip (R: the episode's reward with "
+                   f"anchoring off, as vanilla GRPO scores it, under paravt's reward and under "
+                   f"`reward.release_compat`):\n\n{split_table(results)}")
     else:
         section = (f"The first questions of the test split (SynthVT `paradox` preset; their number is the "
-                f"table's `questions`, the least over a model's cells); greedy and τ = "
-                f"{a.temperature} (seed 0) episodes, parallel dispatch, {a.max_new_tokens} new tokens a turn.\n\n"
-                f"{table(results)}\n\nThe same without the forced think prefix (the vanilla baseline's rollouts):\n\n"
-                f"{table_np(results)}")
+                   f"table's `questions`, the least over a model's cells); greedy and τ = "
+                   f"{a.temperature} (seed 0) episodes, parallel dispatch, {a.max_new_tokens} new tokens a turn.\n\n"
+                   f"{table(results)}\n\nThe same without the forced think prefix (the vanilla baseline's "
+                   f"rollouts):\n\n{table_np(results)}")
     body = f"{start}\n{section}\n{end}"
     path = Path(a.write_doc)
     text = path.read_text() if path.exists() else f"# The paradox testbed\n\n{start}\n{end}\n"
