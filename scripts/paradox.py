@@ -97,12 +97,17 @@ LABELS = {**RUNS, **GAP_RUNS}
 GAP_START, GAP_END = "<!-- gap 2x2: scripts/paradox.py --testbed gap --stage doc -->", "<!-- end of gap 2x2 -->"
 
 
+def own_markers(a, first_out: str, first: tuple[str, str], title: str) -> tuple[str, str]:
+    """A testbed's section markers: the first campaign's (in `first_out`) as they were; one run into another
+    folder (`--out`: another cold start or condition) gets its own, named after that folder."""
+    if a.out.name == first_out:
+        return first
+    return (f"<!-- {title} ({a.out.name}): scripts/paradox.py --testbed {testbed(a)} --stage doc -->",
+            f"<!-- end of {title} ({a.out.name}) -->")
+
+
 def gap_markers(a) -> tuple[str, str]:
-    """The 2×2's markers; a 2×2 run into another folder (another skip cold start, `--out`) gets its own."""
-    if a.out.name == "paradox_gap":
-        return GAP_START, GAP_END
-    return (f"<!-- gap 2x2 ({a.out.name}): scripts/paradox.py --testbed gap --stage doc -->",
-            f"<!-- end of gap 2x2 ({a.out.name}) -->")
+    return own_markers(a, "paradox_gap", (GAP_START, GAP_END), "gap 2x2")
 
 
 def run_label(a, name: str) -> str:
@@ -119,11 +124,7 @@ COL_END = "<!-- end of collapse table 2 -->"
 
 
 def collapse_markers(a) -> tuple[str, str]:
-    """Table 2 A–B's markers; a campaign on another condition (its own `--out`) gets its own section."""
-    if a.out.name == "paradox_collapse":
-        return COL_START, COL_END
-    return (f"<!-- collapse table 2 ({a.out.name}): scripts/paradox.py --testbed collapse --stage doc -->",
-            f"<!-- end of collapse table 2 ({a.out.name}) -->")
+    return own_markers(a, "paradox_collapse", (COL_START, COL_END), "collapse table 2")
 
 
 def testbed(a) -> str:
