@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from paravt.synth.oracle import stated_answer
-from paradox import read_jsonl, run  # scripts/paradox.py, beside this file
+from paradox import read_jsonl, run, smooth  # scripts/paradox.py, beside this file
 
 # overrides of src/paravt/configs/grpo_tiny.yaml (PARA-GRPO with token anchoring). The vanilla baseline is
 # the release's: no nFrames gating, no anchoring, and its format prompt without the think prefix and the
@@ -83,10 +83,6 @@ def eval_jobs(a, only: set[str] | None = None) -> list[tuple[list[str], Path, di
                 # a CPU eval is fp32 like the SFT figures; on a GPU load_model picks bf16
                 jobs.append((cmd, out / "eval.log", {"CUDA_VISIBLE_DEVICES": ""} if a.eval_device == "cpu" else {}))
     return jobs
-
-
-def smooth(xs: list[float], w: int) -> list[float]:
-    return [sum(xs[max(0, i - w + 1):i + 1]) / len(xs[max(0, i - w + 1):i + 1]) for i in range(len(xs))]
 
 
 def plot(a) -> None:
