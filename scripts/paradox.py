@@ -132,8 +132,11 @@ def testbed(a) -> str:
 
 
 def families(a) -> dict:
-    """The run families of the selected testbed: Table 2's, the gap 2×2's, or Table 2 A–B on the collapse."""
-    return {"gap": GAP_RUNS, "collapse": COLLAPSE_RUNS}.get(testbed(a), RUNS)
+    """The run families of the selected testbed: Table 2's, the gap 2×2's, or Table 2 A–B on the collapse;
+    `--seeds FAMILY=1,2,3` gives a family more seeds (a third where two disagree) in every stage."""
+    runs = {"gap": GAP_RUNS, "collapse": COLLAPSE_RUNS}.get(testbed(a), RUNS)
+    more = dict(getattr(a, "seeds", None) or [])
+    return {name: (label, sets, more.get(name, seeds)) for name, (label, sets, seeds) in runs.items()}
 MODES = ("parallel", "sequential", "inline", "none")
 START, END = "<!-- table 2: scripts/paradox.py --stage doc -->", "<!-- end of table 2 -->"
 
@@ -513,7 +516,7 @@ def family(summaries: dict, name: str, key: str) -> float | None:
 
 
 def claims(a, summaries: dict) -> list[str]:
-    """SPEC §5's shape, claim by claim, on the runs above (seed means where a run has two seeds)."""
+    """SPEC §5's shape, claim by claim, on the runs above (seed means where a family has more than one seed)."""
     g = lambda name, key: family(summaries, name, key)  # noqa: E731
     out = []
 
@@ -559,8 +562,8 @@ def claims(a, summaries: dict) -> list[str]:
     claim("anchoring only keeps fewer of the tools than PARA-GRPO: κ last below PARA-GRPO's",
           ao < pk if have(ao, pk) else None, f"{num(ao)} vs {num(pk)}")
     for i, k in enumerate(a.ks):
-        para = seed_mean([done_scores(a, f"para_s{s}", "parallel", k) for s in RUNS["para"][2]])
-        van = seed_mean([done_scores(a, f"vanilla_s{s}", "parallel", k) for s in RUNS["vanilla"][2]])
+        para = seed_mean([done_scores(a, f"para_s{s}", "parallel", k) for s in families(a)["para"][2]])
+        van = seed_mean([done_scores(a, f"vanilla_s{s}", "parallel", k) for s in families(a)["vanilla"][2]])
         d, lo, hi = paired_gain(para, van)
         if i == 0:
             claim(f"PARA-GRPO above vanilla at K = {k} (paired 95 % interval above 0)",
@@ -721,6 +724,13 @@ def write_gap_doc(a) -> str:
     return text
 
 
+def seeds_note(a) -> str:
+    """The seeds `--seeds` gave a family beyond its default ones, as the section's run line names them."""
+    more = [f"{RUNS[name][0]} seeds {', '.join(map(str, seeds))}" for name, seeds in getattr(a, "seeds", None) or []
+            if name in RUNS]
+    return f"; {'; '.join(more)}" if more else ""
+
+
 def write_collapse_doc(a) -> str:
     """Table 2 A–B on the collapse: its table, curves and claims between their own markers."""
     plot(a)
@@ -729,7 +739,7 @@ def write_collapse_doc(a) -> str:
     start, end = collapse_markers(a)
     prefix = figure_prefix(a)
     body = [start, f"Runs of {a.steps} steps from `{shown(a.cold)}` (config `{shown(a.config)}`, RL rows "
-            f"`{shown(a.train)}`; every run also: {sets}); held-out accuracy on the first {a.limit} questions of "
+            f"`{shown(a.train)}`; every run also: {sets}{seeds_note(a)}); held-out accuracy on the first {a.limit} questions of "
             f"`{shown(a.test)}`, greedy, parallel dispatch, with the 95 % Wilson interval; vanilla evaluated "
             "without the think prefix, as it was trained. fτ, κ: means over the first and the last tenth of the "
             "steps (τ = 0.7 rollouts).", "", *table, "",
@@ -739,7 +749,7 @@ def write_collapse_doc(a) -> str:
             "other: the background's colour), and tool calls per question, parallel dispatch:", "", *task_table(a), "",
             f"![curves]({prefix}_curves.png)", "",
             f"![advantage gap]({prefix}_advantage.png)", "",
-            "What reproduced (finished runs only, seed means where a family has two):", "",
+            "What reproduced (finished runs only, seed means where a family has more than one):", "",
             *claims(a, {rid: s for rid, s in summaries.items() if s["steps"] >= a.steps}), end]
     text = "\n".join(body)
     write_between(a.docs / "paradox.md", start, end, text)
@@ -775,12 +785,23 @@ def write_doc(a) -> str:
             f"In training at K = {max(a.k_choices)}, over the last third of each run's steps (τ = 0.7): the rollouts "
             "that call against those that skip (R: the episode's reward before shaping).", "", *call_vs_skip(a), "",
             "![curves](paradox_curves.png)", "", "![advantage gap](paradox_advantage.png)", "",
-            f"What reproduced (finished runs only, seed means where a family has two; claims on a run still "
+            f"What reproduced (finished runs only, seed means where a family has more than one; claims on a run still "
             "training read \"not measured yet\"):", "",
             *claims(a, {rid: s for rid, s in summaries.items() if s["steps"] >= a.steps}), END]
     text = "\n".join(body)
     write_between(a.docs / "paradox.md", START, END, text)
     return text
+
+
+def family_seeds(text: str) -> tuple[str, tuple[int, ...]]:
+    """`vanilla=1,2,3` → ("vanilla", (1, 2, 3)); a family the testbed does not have is an error at parse time."""
+    name, sep, seeds = text.partition("=")
+    if not sep or name not in LABELS:
+        raise argparse.ArgumentTypeError(f"expected FAMILY=1,2,… with FAMILY one of {', '.join(LABELS)}; got {text!r}")
+    try:
+        return name, tuple(int(x) for x in seeds.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seeds must be integers: {text!r}") from None
 
 
 def main() -> None:
@@ -804,6 +825,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=None, help="RL steps a run (default 300; gap: 100)")
     p.add_argument("--set", action="append", default=[], help="an override for every RL run (KEY=VALUE)")
     p.add_argument("--runs", type=lambda s: s.split(","), default=[], help="run ids or families (default: all)")
+    p.add_argument("--seeds", type=family_seeds, action="append", default=[],
+                   help="FAMILY=1,2,3: that family's seeds (default: two for vanilla and PARA-GRPO, one for the rest)")
     p.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=[4, 16, 64])
     p.add_argument("--k-choices", dest="k_choices", type=lambda s: [int(x) for x in s.split(",")],
                    default=[4, 8, 16, 32, 64])

@@ -284,3 +284,25 @@ def test_the_task_table_tells_a_model_that_reads_its_crops_from_one_that_answers
     assert lines[0] == "| model | K=4: event colour / other / calls |"
     assert "| PARA-GRPO 1 | 0.0 / 100.0 / 5.0 |" in lines and "| vanilla GRPO 1 | 100.0 / 0.0 / 0.0 |" in lines
     assert "| base | – |" in lines  # not evaluated: no figure
+
+
+def test_a_third_seed_joins_the_runs_and_the_seed_mean(paradox, tmp_path):
+    """--seeds vanilla=1,2,3: the third seed is trained with seed=3, shown in the table and averaged into the
+    claims, where one collapsing seed of three no longer reads as a family's collapse."""
+    a = args(tmp_path, testbed="collapse", cold=tmp_path / "skip", set=["reward.release_compat=true"],
+             train=tmp_path / "train", out=tmp_path / "paradox_collapse", seeds=[paradox.family_seeds("vanilla=1,2,3")])
+    jobs = {next(x for x in cmd if x.startswith("out=")).rsplit("/", 1)[1]: cmd for cmd, _, _ in paradox.train_jobs(a)}
+    assert "seed=3" in jobs["vanilla_s3"] and "episode.think_prefix=false" in jobs["vanilla_s3"]
+    assert "para_s3" not in jobs
+    for rid, kappa in (("vanilla_s1", (1.0, 0.05)), ("vanilla_s2", (1.0, 0.05)), ("vanilla_s3", (1.0, 0.8))):
+        write_run(a, rid, kappa, (0.5, 0.6))
+    summaries = {rid: paradox.run_summary(a, rid) for rid in ("vanilla_s1", "vanilla_s2", "vanilla_s3")}
+    line = paradox.claims(a, summaries)[0]
+    assert "**not reproduced**" in line and "→ 0.30)" in line  # (0.05 + 0.05 + 0.8) / 3, linear logs' last tenth
+    a.docs.mkdir()
+    doc = paradox.write_doc(a)
+    assert "| vanilla GRPO | 3 | 10 |" in doc and "; vanilla GRPO seeds 1, 2, 3)" in doc
+    with pytest.raises(Exception, match="FAMILY"):
+        paradox.family_seeds("vanila=1,2,3")
+    with pytest.raises(Exception, match="integers"):
+        paradox.family_seeds("vanilla=1,two")
