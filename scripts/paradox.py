@@ -726,8 +726,8 @@ def write_gap_doc(a) -> str:
 
 def seeds_note(a) -> str:
     """The seeds `--seeds` gave a family beyond its default ones, as the section's run line names them."""
-    more = [f"{RUNS[name][0]} seeds {', '.join(map(str, seeds))}" for name, seeds in getattr(a, "seeds", None) or []
-            if name in RUNS]
+    given = getattr(a, "seeds", None) or []
+    more = [f"{run_label(a, name)} seeds {', '.join(map(str, seeds))}" for name, seeds in given if name in families(a)]
     return f"; {'; '.join(more)}" if more else ""
 
 
@@ -739,10 +739,10 @@ def write_collapse_doc(a) -> str:
     start, end = collapse_markers(a)
     prefix = figure_prefix(a)
     body = [start, f"Runs of {a.steps} steps from `{shown(a.cold)}` (config `{shown(a.config)}`, RL rows "
-            f"`{shown(a.train)}`; every run also: {sets}{seeds_note(a)}); held-out accuracy on the first {a.limit} questions of "
-            f"`{shown(a.test)}`, greedy, parallel dispatch, with the 95 % Wilson interval; vanilla evaluated "
-            "without the think prefix, as it was trained. fτ, κ: means over the first and the last tenth of the "
-            "steps (τ = 0.7 rollouts).", "", *table, "",
+            f"`{shown(a.train)}`; every run also: {sets}{seeds_note(a)}); held-out accuracy on the first {a.limit} "
+            f"questions of `{shown(a.test)}`, greedy, parallel dispatch, with the 95 % Wilson interval; vanilla "
+            "evaluated without the think prefix, as it was trained. fτ, κ: means over the first and the last tenth of "
+            "the steps (τ = 0.7 rollouts).", "", *table, "",
             f"In training at K = {max(a.k_choices)}, over the last third of each run's steps (τ = 0.7): the rollouts "
             "that call against those that skip (R: the episode's reward before shaping).", "", *call_vs_skip(a), "",
             *gap_lines(a), "", "Held-out accuracy per kind of question (event colour: what colour was the shape; "
@@ -826,7 +826,7 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], help="an override for every RL run (KEY=VALUE)")
     p.add_argument("--runs", type=lambda s: s.split(","), default=[], help="run ids or families (default: all)")
     p.add_argument("--seeds", type=family_seeds, action="append", default=[],
-                   help="FAMILY=1,2,3: that family's seeds (default: two for vanilla and PARA-GRPO, one for the rest)")
+                   help="FAMILY=1,2,3: that family's seeds (default: the testbed's own)")
     p.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=[4, 16, 64])
     p.add_argument("--k-choices", dest="k_choices", type=lambda s: [int(x) for x in s.split(",")],
                    default=[4, 8, 16, 32, 64])
