@@ -615,8 +615,8 @@ def plot(a) -> None:
             ax.set_title(title, fontsize=10)
             ax.set_xlabel("RL step")
     axes.flat[0].legend(fontsize=7)
-    what = {"gap": f"The gap 2×2 ({a.skip_label})", "collapse": "Table 2 A–B, skip cold start"}.get(testbed(a),
-                                                                                                  "Table 2")
+    what = {"gap": f"The gap 2×2 ({a.skip_label})",  # a collapse run into its own folder names that folder
+            "collapse": f"Table 2 A–B, skip cold start ({a.out.name})"}.get(testbed(a), "Table 2")
     fig.suptitle(f"{what}: RL runs on the paradox testbed (moving average over {a.smooth} steps)")
     fig.tight_layout()
     fig.savefig(a.docs / f"{figure_prefix(a)}_curves.png", dpi=100)
