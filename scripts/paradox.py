@@ -615,7 +615,7 @@ def plot(a) -> None:
             ax.set_title(title, fontsize=10)
             ax.set_xlabel("RL step")
     axes.flat[0].legend(fontsize=7)
-    what = {"gap": f"The gap 2×2 ({a.skip_label})",  # a collapse run into its own folder names that folder
+    what = {"gap": f"The gap 2×2 ({a.skip_label})",  # each collapse campaign names its run folder
             "collapse": f"Table 2 A–B, skip cold start ({a.out.name})"}.get(testbed(a), "Table 2")
     fig.suptitle(f"{what}: RL runs on the paradox testbed (moving average over {a.smooth} steps)")
     fig.tight_layout()
