@@ -215,13 +215,15 @@ def last_step(a, rid: str) -> int:
 def models(a) -> dict[str, str]:
     """The evaluated models: the base, the cold start and each finished run's last checkpoint (a run still
     training has a `checkpoint` too, its latest: evaluating it would leave that step's scores in a cell that
-    resumes, never redone once the run finishes)."""
+    resumes, never redone once the run finishes). A finished run restored from its records
+    (scripts/paradox_archive.py) has eval cells and no checkpoint: it is one too, for the tables."""
     out = {"base": str(a.base), "cold": str(a.cold)}
     if testbed(a) == "gap":
         out["skip_cold"] = str(a.skip_cold)
     for rid, _, _ in run_ids(a):
         ckpt = a.out / "rl" / rid / "checkpoint"
-        if (ckpt / "config.json").exists() and last_step(a, rid) >= a.steps:
+        recorded = any((a.out / "eval").glob(f"{rid}__*"))
+        if ((ckpt / "config.json").exists() or recorded) and last_step(a, rid) >= a.steps:
             out[rid] = str(ckpt)
     return out
 

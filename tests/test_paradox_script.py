@@ -306,3 +306,43 @@ def test_a_third_seed_joins_the_runs_and_the_seed_mean(paradox, tmp_path):
         paradox.family_seeds("vanila=1,2,3")
     with pytest.raises(Exception, match="integers"):
         paradox.family_seeds("vanilla=1,two")
+
+
+def test_a_packed_campaign_reads_the_same_after_unpacking(paradox, tmp_path):
+    spec = importlib.util.spec_from_file_location("paradox_archive", ROOT / "scripts" / "paradox_archive.py")
+    archive = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(archive)
+    a = args(tmp_path / "campaign" / "runs" / "collapse")
+    d = write_run(a, "vanilla_s1", (3.0, 0.1), (0.2, 0.3))
+    rolls = [{**json.loads(line), "main_texts": ["<think>x" * 50]} for line in (d / "rollouts.jsonl").read_text().splitlines()]
+    (d / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rolls) + '{"step": 11, "gro')  # appending
+    cell = paradox.eval_dir(a, "vanilla_s1", "parallel", 4)
+    cell.mkdir(parents=True)
+    (cell / "results.jsonl").write_text("".join(json.dumps({"id": f"q{i}", "score": i % 2, "episode": {"turns": ["t"] * 99}})
+                                                + "\n" for i in range(2)))
+    packs = archive.pack(a.out, tmp_path / "store")
+    assert [p.name for p in packs] == ["vanilla_s1.tar.gz"]
+
+    b = args(tmp_path / "elsewhere" / "runs" / "collapse")  # a fresh machine: only the records
+    written, kept = archive.unpack(b.out, tmp_path / "store")
+    assert len(written) == 3 and not kept and not (b.out / "rl" / "vanilla_s1" / "checkpoint").exists()
+    assert (b.out / "rl" / "vanilla_s1" / "log.jsonl").read_bytes() == (d / "log.jsonl").read_bytes()
+    back = paradox.read_jsonl(b.out / "rl" / "vanilla_s1" / "rollouts.jsonl")
+    assert back == [{k: v for k, v in r.items() if k != "main_texts"} for r in rolls]  # texts out, the torn line too
+    assert paradox.run_summary(b, "vanilla_s1") == paradox.run_summary(a, "vanilla_s1")
+    assert paradox.call_vs_skip(b) == paradox.call_vs_skip(a)
+    assert paradox.scores(b, "vanilla_s1", "parallel", 4) == {"q0": 0.0, "q1": 1.0}
+    assert "vanilla_s1" in paradox.models(b)  # no checkpoint, but its cells: a row of the per-task table
+    assert paradox.task_table(b) == paradox.task_table(a)
+
+    (b.out / "rl" / "vanilla_s1" / "log.jsonl").write_text("newer\n")  # a run folder that went on is kept
+    written, kept = archive.unpack(b.out, tmp_path / "store")
+    assert not written and len(kept) == 3 and (b.out / "rl" / "vanilla_s1" / "log.jsonl").read_text() == "newer\n"
+
+    (d / "config.json").write_text(json.dumps({"model": str(tmp_path / "campaign" / "runs" / "cold")}))
+    archive.pack(a.out, tmp_path / "store")  # written as the page's commands give it, from the checkout
+    archive.unpack(c := tmp_path / "third" / "runs" / "collapse", tmp_path / "store")
+    assert json.loads((c / "rl" / "vanilla_s1" / "config.json").read_text()) == {"model": "runs/cold"}
+    (d / "config.json").write_text(json.dumps({"model": str(tmp_path / "campaign")}))
+    with pytest.raises(SystemExit, match="a machine path"):  # never committed with the machine's folders in it
+        archive.pack(a.out, tmp_path / "store")

@@ -1,0 +1,127 @@
+"""A paradox campaign's run records, small enough to keep in the repository, and back under runs/.
+
+runs/ is not part of the repository, and a machine that loses it loses every run docs/paradox.md's
+generated tables are read from: the doc stage (scripts/paradox.py --stage doc) can then only blank
+their rows, and a later seed cannot join the seed means. `pack` keeps what the doc stage reads, one
+gzipped tar per model: the RL run's config, log and rollouts (without the generated texts, which are
+most of their bytes) and each eval cell's rows (without the episode trace), about 0.3 MB a run.
+Checkpoints stay out: they are rebuilt by training, not needed to read a run. `unpack` puts the
+records back under the campaign's folder and never writes over a file that is there.
+
+    python scripts/paradox_archive.py pack runs/paradox_collapse_nobonus600     # -> docs/paradox_runs/...
+    python scripts/paradox_archive.py unpack runs/paradox_collapse_nobonus600   # then --stage doc as before
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import io
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STORE = ROOT / "docs" / "paradox_runs"
+# file name -> the fields dropped from each of its JSON lines
+KEPT = {"config.json": (), "log.jsonl": (), "rollouts.jsonl": ("main_texts",), "results.jsonl": ("episode",),
+        "summary.json": (), "manifest.json": ()}
+
+
+def model_files(out: Path, model: str) -> list[Path]:
+    """The files of one model's records: its RL run (if trained) and its eval cells."""
+    dirs = [out / "rl" / model] + sorted((out / "eval").glob(f"{model}__*"))
+    return [d / name for d in dirs for name in KEPT if (d / name).is_file()]
+
+
+def slim(path: Path) -> bytes:
+    """The file's bytes with the dropped fields taken out of each line; a half-written last line (a run
+    still appending) is left out rather than kept broken."""
+    drop = KEPT[path.name]
+    if not drop:
+        return path.read_bytes()
+    lines = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        lines.append(json.dumps({k: v for k, v in row.items() if k not in drop}) + "\n")
+    return "".join(lines).encode()
+
+
+def models_in(out: Path) -> list[str]:
+    names = {d.name for d in (out / "rl").glob("*") if d.is_dir()}
+    names |= {d.name.split("__")[0] for d in (out / "eval").glob("*__*") if d.is_dir()}
+    return sorted(names)
+
+
+def pack(out: Path, store: Path, models: list[str] | None = None) -> list[Path]:
+    """One `<store>/<campaign>/<model>.tar.gz` per model, written anew (a pack after more steps replaces
+    the earlier one); paths inside are relative to the campaign's folder. Paths under the checkout the runs
+    came from are written relative to it, as the page's commands give them; any other mention of that
+    folder is refused: a machine's paths are not to be committed."""
+    machine = str(out.resolve().parents[1]).encode()  # the checkout holding runs/<campaign>
+    dest = store / out.name
+    dest.mkdir(parents=True, exist_ok=True)
+    written = []
+    for model in models or models_in(out):
+        files = model_files(out, model)
+        if not files:
+            raise SystemExit(f"{out}: nothing recorded for {model!r}")
+        buf = io.BytesIO()
+        with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz, tarfile.open(fileobj=gz, mode="w") as tar:
+            for f in files:
+                data = slim(f).replace(machine + b"/", b"")
+                if machine in data:
+                    raise SystemExit(f"{f} names {machine.decode()}: a machine path, not packed")
+                info = tarfile.TarInfo(str(f.relative_to(out)))
+                info.size, info.mode = len(data), 0o644
+                tar.addfile(info, io.BytesIO(data))
+        path = dest / f"{model}.tar.gz"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(buf.getvalue())
+        tmp.replace(path)  # a full disk leaves the earlier pack whole
+        written.append(path)
+    return written
+
+
+def unpack(out: Path, store: Path) -> tuple[list[Path], list[Path]]:
+    """The records under `<store>/<campaign>` back into `out`; a file already there is kept, not
+    overwritten (a run folder with more steps than its record holds is the newer one)."""
+    src = store / out.name
+    packs = sorted(src.glob("*.tar.gz"))
+    if not packs:
+        raise SystemExit(f"no records of {out.name} in {src}")
+    written, kept = [], []
+    for p in packs:
+        with tarfile.open(p, "r:gz") as tar:
+            for m in tar.getmembers():
+                target = out / m.name
+                if target.exists():
+                    kept.append(target)
+                    continue
+                tar.extract(m, out, filter="data")  # refuses paths outside `out`
+                written.append(target)
+    return written, kept
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("action", choices=["pack", "unpack"])
+    ap.add_argument("out", type=Path, help="the campaign's folder, e.g. runs/paradox_collapse_nobonus")
+    ap.add_argument("--models", type=lambda s: s.split(","), default=None, help="pack only these (default: all)")
+    ap.add_argument("--store", type=Path, default=STORE)
+    a = ap.parse_args(argv)
+    if a.action == "pack":
+        for p in pack(a.out, a.store, a.models):
+            print(f"{p}  {p.stat().st_size / 1e3:.0f} KB")
+    else:
+        written, kept = unpack(a.out, a.store)
+        print(f"{len(written)} files written under {a.out}; {len(kept)} already there, kept")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
