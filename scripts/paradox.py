@@ -740,6 +740,9 @@ def write_collapse_doc(a) -> str:
     sets = sets_list(a) or "none"
     start, end = collapse_markers(a)
     prefix = figure_prefix(a)
+    said = claims(a, {rid: s for rid, s in summaries.items() if s["steps"] >= a.steps})
+    if a.runs:  # a campaign of some families (e.g. a longer vanilla pair): only the claims its runs measure
+        said = [c for c in said if "not measured yet" not in c] or ["- none yet: no selected run has finished"]
     body = [start, f"Runs of {a.steps} steps from `{shown(a.cold)}` (config `{shown(a.config)}`, RL rows "
             f"`{shown(a.train)}`; every run also: {sets}{seeds_note(a)}); held-out accuracy on the first {a.limit} "
             f"questions of `{shown(a.test)}`, greedy, parallel dispatch, with the 95 % Wilson interval; vanilla "
@@ -752,7 +755,7 @@ def write_collapse_doc(a) -> str:
             f"![curves]({prefix}_curves.png)", "",
             f"![advantage gap]({prefix}_advantage.png)", "",
             "What reproduced (finished runs only, seed means where a family has more than one):", "",
-            *claims(a, {rid: s for rid, s in summaries.items() if s["steps"] >= a.steps}), end]
+            *said, end]
     text = "\n".join(body)
     write_between(a.docs / "paradox.md", start, end, text)
     return text

@@ -266,6 +266,15 @@ def test_the_collapse_testbed_is_table_2_a_and_b_from_the_chosen_start_under_the
     assert doc2.startswith(doc) and "<!-- end of collapse table 2 (paradox_collapse_end) -->" in doc2[len(doc):]
     assert "every run also: `reward.release_compat=true`, `episode.on_bad_call=end`" in doc2[len(doc):]
     assert "![curves](paradox_collapse_end_curves.png)" in doc2 and (a.docs / "paradox_collapse_end_curves.png").exists()
+    # a campaign of one family (--runs vanilla) claims only what vanilla's runs measure
+    c = args(tmp_path, testbed="collapse", cold=tmp_path / "skip", train=tmp_path / "train", docs=a.docs,
+             set=["reward.release_compat=true"], out=tmp_path / "paradox_collapse_long", runs=["vanilla"], steps=20)
+    write_run(c, "vanilla_s1", (1, 0.05), (0.5, 0.6), steps=12)  # still training
+    assert "- none yet: no selected run has finished" in paradox.write_doc(c).split("What reproduced")[1]
+    write_run(c, "vanilla_s2", (1, 0.2), (0.5, 0.6), steps=20)
+    said = paradox.write_doc(c).split("What reproduced")[1]
+    assert said.count("\n- ") == 2 and "not measured yet" not in said and "PARA-GRPO" not in said
+    assert "- vanilla GRPO loses the tools: κ last ≤ 0.1 × κ first (> 0): **not reproduced**" in said
 
 
 def test_the_task_table_tells_a_model_that_reads_its_crops_from_one_that_answers_the_background(paradox, tmp_path):
