@@ -62,6 +62,8 @@ def pack(out: Path, store: Path, models: list[str] | None = None) -> list[Path]:
     the earlier one); paths inside are relative to the campaign's folder. Paths under the checkout the runs
     came from are written relative to it, as the page's commands give them; any other mention of that
     folder is refused: a machine's paths are not to be committed."""
+    if out.resolve().parent.name != "runs":  # the checkout is what its paths are made relative to
+        raise SystemExit(f"{out}: a campaign's folder is <checkout>/runs/<campaign>")
     machine = str(out.resolve().parents[1]).encode()  # the checkout holding runs/<campaign>
     dest = store / out.name
     dest.mkdir(parents=True, exist_ok=True)

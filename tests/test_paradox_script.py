@@ -355,3 +355,5 @@ def test_a_packed_campaign_reads_the_same_after_unpacking(paradox, tmp_path):
     (d / "config.json").write_text(json.dumps({"model": str(tmp_path / "campaign")}))
     with pytest.raises(SystemExit, match="a machine path"):  # never committed with the machine's folders in it
         archive.pack(a.out, tmp_path / "store")
+    with pytest.raises(SystemExit, match="runs/<campaign>"):  # no checkout to make its paths relative to
+        archive.pack(tmp_path / "campaign" / "runs", tmp_path / "store")
