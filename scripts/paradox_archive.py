@@ -4,7 +4,7 @@ runs/ is not part of the repository, and a machine that loses it loses every run
 generated tables are read from: the doc stage (scripts/paradox.py --stage doc) can then only blank
 their rows, and a later seed cannot join the seed means. `pack` keeps what the doc stage reads, one
 gzipped tar per model: the RL run's config, log and rollouts (without the generated texts, which are
-most of their bytes) and each eval cell's rows (without the episode trace), about 0.3 MB a run.
+most of their bytes) and each eval cell's rows (without the episode trace), 0.2–0.3 MB a run.
 Checkpoints stay out: they are rebuilt by training, not needed to read a run. `unpack` puts the
 records back under the campaign's folder and never writes over a file that is there.
 
