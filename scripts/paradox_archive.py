@@ -22,6 +22,9 @@ import sys
 import tarfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
+from paradox import read_jsonl  # noqa: E402  (scripts/paradox.py: the reader that skips a half-written line)
+
 ROOT = Path(__file__).resolve().parents[1]
 STORE = ROOT / "docs" / "paradox_runs"
 # file name -> the fields dropped from each of its JSON lines
@@ -41,14 +44,8 @@ def slim(path: Path) -> bytes:
     drop = KEPT[path.name]
     if not drop:
         return path.read_bytes()
-    lines = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        lines.append(json.dumps({k: v for k, v in row.items() if k not in drop}) + "\n")
-    return "".join(lines).encode()
+    return "".join(json.dumps({k: v for k, v in row.items() if k not in drop}) + "\n"
+                   for row in read_jsonl(path)).encode()
 
 
 def models_in(out: Path) -> list[str]:
