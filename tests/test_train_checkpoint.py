@@ -261,3 +261,64 @@ def test_an_older_state_with_numpy_values_converts_once_then_resumes(tmp_path):
     state = load_state(tmp_path / "run")
     assert state["step"] == 3 and state["run"]["best"] == 0.5 and state["where"] == "/x"
     assert torch.equal(state["run"]["seen"], torch.arange(3))
+
+
+def _dcp_round(tmp_path):
+    """A small model and optimizer saved as DCP through the engine, and a fresh pair to load into."""
+    from paravt.train.engine import init_engine
+
+    def pair(seed):
+        torch.manual_seed(seed)
+        m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4))
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3, betas=(0.9, 0.95))
+        m(torch.randn(2, 3)).sum().backward()
+        opt.step()
+        return m, opt
+
+    engine = init_engine("single", device="cpu")
+    m, opt = pair(0)
+    engine.save_sharded(m, opt, tmp_path / "dcp")
+    return engine, m, opt, pair(1)
+
+
+def test_a_sharded_state_loads_as_data(tmp_path):
+    engine, m, opt, (m2, opt2) = _dcp_round(tmp_path)
+    engine.load_sharded(m2, opt2, tmp_path / "dcp")
+    assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), m2.state_dict().values()))
+    assert opt2.state_dict()["param_groups"][0]["betas"] == (0.9, 0.95)
+    assert torch.equal(opt2.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
+
+
+def test_a_sharded_state_never_runs_or_reads_what_it_names(tmp_path):
+    """Three crafted dcp/ directories: a pickled command in .metadata, one in a non-tensor value (the
+    optimizer's lr), and a storage entry naming a file outside the directory. Each is refused in one
+    line, nothing runs, and nothing outside dcp/ is opened."""
+    import pickle
+
+    from paravt.train.safe_dcp import UnsafeCheckpointError
+
+    engine, m, opt, (m2, opt2) = _dcp_round(tmp_path)
+    dcp_dir = tmp_path / "dcp"
+    clean = (dcp_dir / ".metadata").read_bytes()
+    flag = tmp_path / "pwned"
+
+    (dcp_dir / ".metadata").write_bytes(pickle.dumps(_Payload(flag)))
+    with pytest.raises(UnsafeCheckpointError, match="does not unpickle"):
+        engine.load_sharded(m2, opt2, dcp_dir)
+
+    meta = pickle.loads(clean)
+    lr = next(k for k in meta.storage_data if k.fqn.endswith("param_groups.0.lr"))
+    info = meta.storage_data[lr]
+    evil = tmp_path / "evil.distcp"
+    torch.save(_Payload(flag), evil)
+    info.relative_path, info.offset, info.length = "../evil.distcp", 0, evil.stat().st_size
+    (dcp_dir / ".metadata").write_bytes(pickle.dumps(meta))
+    with pytest.raises(UnsafeCheckpointError, match="outside the checkpoint directory"):
+        engine.load_sharded(m2, opt2, dcp_dir)
+
+    shutil.copy(evil, dcp_dir / "evil.distcp")
+    info.relative_path = "evil.distcp"
+    (dcp_dir / ".metadata").write_bytes(pickle.dumps(meta))
+    with pytest.raises(UnsafeCheckpointError, match="not a plain value"):
+        engine.load_sharded(m2, opt2, dcp_dir)
+    assert not flag.exists()

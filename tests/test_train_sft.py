@@ -9,7 +9,7 @@ from paravt.backends.base import Message
 from paravt.backends.hf import Renderer
 from paravt.models import load_model
 from paravt.synth.dataset import SynthConfig, build_split
-from paravt.train.checkpoint import load_state
+from paravt.train.checkpoint import CheckpointError, load_state
 from paravt.train.config import ConfigError
 from paravt.train.logging import read_log
 from paravt.train.sft import SFTConfig, encode_row, sample_index, train_sft
@@ -364,3 +364,28 @@ def test_a_pickled_bin_model_is_a_clear_error_and_runs_nothing(tiny_dir, tmp_pat
     with pytest.raises(ModelLoadError, match="pickled Python objects") as e:
         load_model(str(d), device="cpu")
     assert "weights_only" not in str(e.value) and not flag.exists()
+
+
+def test_resuming_never_unpickles_code_from_the_sharded_state(split, tiny_dir, tmp_path):
+    """A run folder someone sent: its dcp/.metadata is a pickle whose loading runs a command.
+    torch's own reader would run it; the resume refuses the file and runs nothing."""
+    import pickle
+
+    cfg = SFTConfig(model=str(tiny_dir), data=str(split / "sft.parquet"), out=str(tmp_path / "run"), steps=1,
+                    batch_size=1, micro_batch_size=1, save_every=1, lr=1e-3, warmup_steps=0, device="cpu", threads=1)
+    train_sft(cfg)
+    meta = tmp_path / "run" / "checkpoint" / "dcp" / ".metadata"
+    assert meta.is_file()
+    flag = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            import os
+
+            return os.system, (f"touch {flag}",)
+
+    meta.write_bytes(pickle.dumps(Payload()))
+    cfg.steps = 2
+    with pytest.raises(CheckpointError, match="does not unpickle"):
+        train_sft(cfg)
+    assert not flag.exists()

@@ -225,14 +225,16 @@ class Engine:
             dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=str(path))
 
     def load_sharded(self, model: torch.nn.Module, optimizer, path: Path) -> None:
-        """Restore model and optimizer from a DCP directory written by any number of processes."""
-        import torch.distributed.checkpoint as dcp
+        """Restore model and optimizer from a DCP directory written by any number of processes,
+        reading it as data only (train.safe_dcp: torch's reader would unpickle it)."""
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        from . import safe_dcp
 
         msd, osd = get_state_dict(model, optimizer)
         state = {"model": msd, "optimizer": osd}
         with _quiet_single_process():
-            dcp.load(state, checkpoint_id=str(path))
+            safe_dcp.load(state, path)
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
     def close(self) -> None:
