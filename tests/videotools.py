@@ -57,9 +57,12 @@ def make_test_video(
     times: list[float] | None = None,
     options: dict | None = None,
     rotation: int | None = None,
+    sar: Fraction | None = None,
 ) -> Path:
     """Write a video whose frame i shows stripe i (or a plain moving pattern with stripe=False);
-    the container follows the suffix (.mp4, .mkv, .ts: MPEG-TS).
+    the container follows the suffix (.mp4, .mkv, .ts: MPEG-TS, .avi, .mpg, .h264: a raw
+    elementary stream, no timestamps). codec "mjpeg" is written full-range (yuvj420p), as
+    webcams do; "mpeg4" is XviD's format.
 
     gop=1: all keyframes; larger: long GOP. bframes > 0 (H.264 only) reorders frames so pts
     and dts differ. `times` (seconds, increasing) gives each frame its own pts: a
@@ -68,6 +71,7 @@ def make_test_video(
     1.4 s as ffmpeg's CLI writes them. rotation: a display matrix turning the picture this many
     degrees counter-clockwise for display (a phone's portrait clip), as FFmpeg's
     av_display_rotation_get reads it back; needs PyAV's VideoStream.set_display_rotation.
+    sar: the sample aspect ratio (anamorphic video: a pixel sar times as wide as tall on display).
     """
     import av
 
@@ -77,9 +81,11 @@ def make_test_video(
     with av.open(str(path), mode="w", options=options or {}) as out:
         stream = out.add_stream(codec, rate=Fraction(fps, 1) if isinstance(fps, int) else fps)
         stream.width, stream.height = w, h
+        if sar is not None:
+            stream.codec_context.sample_aspect_ratio = sar
         if rotation is not None:
             stream.set_display_rotation(rotation)
-        stream.pix_fmt = "yuv420p"
+        stream.pix_fmt = "yuvj420p" if codec == "mjpeg" else "yuv420p"
         stream.gop_size = gop
         if times is not None:
             stream.codec_context.time_base = Fraction(1, 1000)
@@ -138,12 +144,18 @@ def make_jump_video(path: str | Path, n: int = 100, fps: int = 10, jump_at: int 
     return path
 
 
-def make_audio_only(path: str | Path, seconds: float = 1.0) -> Path:
+def make_audio_only(path: str | Path, seconds: float = 1.0, cover: str | None = None) -> Path:
+    """An audio file (AAC; MP3 for a .mp3). cover: "mjpeg" or "png" adds a 64x48 picture as an
+    attached picture (a music file's cover art: a video stream with disposition attached_pic)."""
     import av
 
     path = Path(path)
-    with av.open(str(path), mode="w") as out:
-        stream = out.add_stream("aac", rate=16000)
+    mp3 = path.suffix == ".mp3"
+    # .m4a: FFmpeg's "ipod" muxer (the suffix's) takes no picture codec in PyAV; an .m4a is an MP4
+    with av.open(str(path), mode="w", format="mp4" if path.suffix == ".m4a" else None) as out:
+        stream = out.add_stream("libmp3lame" if mp3 else "aac", rate=16000)
+        if cover is not None:
+            _add_cover(out, cover)
         samples = int(16000 * seconds)
         t = np.arange(samples) / 16000
         data = (0.2 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)[None, :]
@@ -155,6 +167,48 @@ def make_audio_only(path: str | Path, seconds: float = 1.0) -> Path:
                 out.mux(p)
         for p in stream.encode():
             out.mux(p)
+    return path
+
+
+def _add_cover(out, codec: str) -> None:
+    """Mux one picture as an attached picture (cover art) into `out`."""
+    import av
+
+    pic = out.add_stream(codec, rate=1)
+    pic.width, pic.height = 64, 48
+    pic.pix_fmt = "yuvj420p" if codec == "mjpeg" else "rgb24"
+    pic.disposition = av.stream.Disposition.attached_pic
+    img = np.zeros((48, 64, 3), np.uint8)
+    img[:, :32] = 255
+    for packet in pic.encode(av.VideoFrame.from_ndarray(img, format="rgb24")) + pic.encode():
+        out.mux(packet)
+
+
+def make_multi_stream(path: str | Path, sizes: list[tuple[int, int]], seconds: float = 2.0, fps: int = 10,
+                      default: int | None = None) -> Path:
+    """A file with one H.264 stream per (height, width) of `sizes`, in that order; stream j's frame
+    i shows stripe 1000 * j + i. default: the stream flagged default (disposition); None leaves it to
+    the muxer (Matroska's flags none, MP4's the first)."""
+    import av
+
+    path = Path(path)
+    n = int(round(seconds * fps))
+    with av.open(str(path), mode="w") as out:
+        streams = []
+        for j, (h, w) in enumerate(sizes):
+            s = out.add_stream("libx264", rate=Fraction(fps, 1))
+            s.width, s.height, s.pix_fmt = w, h, "yuv420p"
+            s.options = {"preset": "ultrafast", "crf": "18", "bf": "0"}
+            s.disposition = av.stream.Disposition.default if j == default else av.stream.Disposition(0)
+            streams.append(s)
+        for i in range(n):
+            for j, s in enumerate(streams):
+                frame = av.VideoFrame.from_ndarray(stripe_frame(1000 * j + i, s.height, s.width), format="rgb24")
+                for packet in s.encode(frame):
+                    out.mux(packet)
+        for s in streams:
+            for packet in s.encode():
+                out.mux(packet)
     return path
 
 

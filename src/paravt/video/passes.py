@@ -102,7 +102,8 @@ class ForwardPass:
             before = self.frontier
             self.last_dts = self.byte_end = None
             for packet in _demux(self.c, self.source.failed_network):
-                if packet is not None and packet.stream_index != self.index:
+                # packet.stream, not stream_index: PyAV's end-of-stream packets all say stream 0
+                if packet is not None and packet.stream.index != self.index:
                     self._follow_bytes(packet)
                     continue
                 previous = self.last_pkt

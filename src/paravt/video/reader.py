@@ -46,7 +46,7 @@ from paravt.video.index import probe, rewind
 from paravt.video.passes import Losses
 from paravt.video.sampling import (FACTOR, MAX_FRAMES, MAX_PIXELS, MIN_PIXELS, overview_times, resize_to_budget,
                                    sample_times, share)
-from paravt.video.sources import NET_TIMEOUT_S, Source
+from paravt.video.sources import NET_TIMEOUT_S, Source, video_stream
 
 
 class VideoReader:
@@ -112,15 +112,14 @@ class VideoReader:
     def _track(self) -> Track:
         """This thread's container, ready to read."""
         c = self._container()
-        return Track(self.source, self._index, c, c.streams.video[0], self._count_decoded)
+        return Track(self.source, self._index, c, video_stream(c), self._count_decoded)
 
     def _count_decoded(self) -> None:
         self.frames_decoded += 1
 
     def _probe(self) -> VideoInfo:
         c = self._container()
-        s = c.streams.video[0]
-        self._index, info = probe(self.source, c, s)
+        self._index, info = probe(self.source, c, video_stream(c))
         self._turns = self._probe_rotation()
         self.frames_decoded = 0
         if not info.width or not info.height:

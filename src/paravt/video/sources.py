@@ -19,11 +19,28 @@ URL_SCHEMES = ("http://", "https://")
 NET_ERRNOS = {errno.EIO, errno.ENETDOWN, errno.ENETUNREACH, errno.EHOSTDOWN, errno.EHOSTUNREACH, errno.ECONNABORTED,
               errno.ECONNRESET, errno.ECONNREFUSED, errno.ETIMEDOUT, errno.EPIPE}  # FFmpeg's network failures
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
+DEFAULT, ATTACHED_PIC = 0x1, 0x400  # FFmpeg's AV_DISPOSITION_DEFAULT, AV_DISPOSITION_ATTACHED_PIC
 
 
 def is_url(source: object) -> bool:
     """Whether `source` is a video URL paravt reads over the network (http or https)."""
     return isinstance(source, str) and source.lower().startswith(URL_SCHEMES)
+
+
+def video_stream(container):
+    """The stream to read, chosen as ffmpeg's CLI maps one: the largest frame, never an attached
+    picture (an audio file's cover art is a video stream of one image), None without another.
+    Unlike ffmpeg, the default flag only breaks ties: muxers set it on the first track whatever it
+    holds (MP4's always), so it says less about the best picture than the size does."""
+    best, key = None, None
+    for s in container.streams.video:
+        flags = int(getattr(s, "disposition", 0) or 0)
+        if flags & ATTACHED_PIC:
+            continue
+        k = ((s.codec_context.width or 0) * (s.codec_context.height or 0), bool(flags & DEFAULT))
+        if key is None or k > key:  # ties: the first
+            best, key = s, k
+    return best
 
 
 @dataclass
@@ -81,10 +98,10 @@ class Source:
             if self.network_failure(e):
                 raise self.network_error(e) from None
             raise VideoError(f"{self.path}: not a readable video ({type(e).__name__}: {e})") from None
-        if not container.streams.video:
+        stream = video_stream(container)
+        if stream is None:
             container.close()
-            raise VideoError(f"{self.path}: has no video stream (audio-only or data file)")
-        stream = container.streams.video[0]
+            raise VideoError(f"{self.path}: has no video stream (audio-only, audio with cover art, or data file)")
         stream.thread_type = "AUTO"
         stream.codec_context.thread_count = self.decoder_threads
         return container
