@@ -18,6 +18,8 @@ import argparse
 import gzip
 import io
 import json
+import os
+import re
 import sys
 import tarfile
 from pathlib import Path
@@ -86,22 +88,57 @@ def pack(out: Path, store: Path, models: list[str] | None = None) -> list[Path]:
     return written
 
 
+# a pack holds regular files at <rl|eval>/<run or cell>/<one of KEPT>, and nothing else
+FOLDERS = ("rl", "eval")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]*")
+MAX_FILE_BYTES = 64 << 20  # the largest record kept so far is a 4 MB rollouts.jsonl
+MAX_PACK_BYTES = 256 << 20
+
+
+def _checked(p: Path, tar: tarfile.TarFile) -> list[tarfile.TarInfo]:
+    """The pack's members if every one is a file of the records' shape within the size bounds.
+    Checked here rather than left to tarfile's "data" filter: records are meant to be shared, and the
+    filter of Pythons before 3.11.13 / 3.12.11 / 3.13.4 lets a crafted chain of links write outside the
+    folder (CVE-2025-4517); a pack that needs no link, device or folder entry gets none."""
+    members, total = tar.getmembers(), 0
+    for m in members:
+        parts = m.name.split("/")
+        if not (m.isreg() and len(parts) == 3 and parts[0] in FOLDERS and NAME.fullmatch(parts[1])
+                and parts[2] in KEPT):
+            raise SystemExit(f"{p}: {m.name!r} is not a run record (a file at <rl|eval>/<run>/<record>): "
+                             "nothing unpacked from this pack")
+        total += m.size
+        if m.size > MAX_FILE_BYTES or total > MAX_PACK_BYTES:
+            raise SystemExit(f"{p}: {m.name} would unpack to more than a run record holds "
+                             f"({MAX_FILE_BYTES >> 20} MB a file, {MAX_PACK_BYTES >> 20} MB a pack): nothing unpacked")
+    return members
+
+
 def unpack(out: Path, store: Path) -> tuple[list[Path], list[Path]]:
     """The records under `<store>/<campaign>` back into `out`; a file already there is kept, not
-    overwritten (a run folder with more steps than its record holds is the newer one)."""
+    overwritten (a run folder with more steps than its record holds is the newer one). Writes only
+    regular files below `out`, never through a link."""
     src = store / out.name
     packs = sorted(src.glob("*.tar.gz"))
     if not packs:
         raise SystemExit(f"no records of {out.name} in {src}")
+    out.mkdir(parents=True, exist_ok=True)
     written, kept = [], []
     for p in packs:
         with tarfile.open(p, "r:gz") as tar:
-            for m in tar.getmembers():
+            for m in _checked(p, tar):
                 target = out / m.name
-                if target.exists():
+                if os.path.lexists(target):
                     kept.append(target)
                     continue
-                tar.extract(m, out, filter="data")  # refuses paths outside `out`
+                for d in (out / m.name.split("/")[0], target.parent):
+                    if d.is_symlink():
+                        raise SystemExit(f"{d} is a link: records are written into real folders only")
+                    d.mkdir(exist_ok=True)
+                data = tar.extractfile(m).read(MAX_FILE_BYTES + 1)
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data[: m.size])
                 written.append(target)
     return written, kept
 

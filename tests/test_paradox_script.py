@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
+import tarfile
 from argparse import Namespace
 from pathlib import Path
 
@@ -357,3 +359,58 @@ def test_a_packed_campaign_reads_the_same_after_unpacking(paradox, tmp_path):
         archive.pack(a.out, tmp_path / "store")
     with pytest.raises(SystemExit, match="runs/<campaign>"):  # no checkout to make its paths relative to
         archive.pack(tmp_path / "campaign" / "runs", tmp_path / "store")
+
+
+def _hostile_pack(store: Path, campaign: str, members: list[tuple[tarfile.TarInfo, bytes | None]]) -> None:
+    (store / campaign).mkdir(parents=True, exist_ok=True)
+    with tarfile.open(store / campaign / "x.tar.gz", "w:gz") as tar:
+        for info, data in members:
+            if data is not None:
+                info.size = len(data)
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+
+
+def _entry(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, link
+    return info
+
+
+def test_unpacking_a_crafted_pack_writes_nothing_outside_the_campaign(tmp_path):
+    """Records are shared, so a pack is hostile input: links (a chain of one-letter links past
+    PATH_MAX escapes the "data" filter of the Pythons before the 2025 tarfile fixes), '..', absolute
+    names, devices and files of another shape are refused before anything is written, and a gzip bomb
+    is refused by its declared size."""
+    spec = importlib.util.spec_from_file_location("paradox_archive", ROOT / "scripts" / "paradox_archive.py")
+    archive = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(archive)
+    store, out = tmp_path / "store", tmp_path / "runs" / "c"
+    cases = {
+        "link chain": [(_entry(f"rl/r{i}", tarfile.SYMTYPE, "../" * 3), None) for i in range(3)]
+                      + [(_entry("rl/r0/log.jsonl"), b"x")],
+        "symlink record": [(_entry("rl/r/log.jsonl", tarfile.SYMTYPE, "/etc/passwd"), None)],
+        "hard link": [(_entry("rl/r/log.jsonl", tarfile.LNKTYPE, "../../../escape"), None)],
+        "dot dot": [(_entry("rl/../../escape.pth"), b"import os")],
+        "absolute": [(_entry(str(tmp_path / "escape.pth")), b"import os")],
+        "other file": [(_entry("rl/r/sitecustomize.py"), b"import os")],
+        "device": [(_entry("rl/r/log.jsonl", tarfile.CHRTYPE), None)],
+        "folder entry": [(_entry("rl/r", tarfile.DIRTYPE), None)],
+    }
+    for why, members in cases.items():
+        _hostile_pack(store, out.name, members)
+        with pytest.raises(SystemExit, match="not a run record"):
+            archive.unpack(out, store)
+        assert not any(tmp_path.rglob("escape*")) and not any(out.rglob("*.jsonl")), why
+
+    archive.MAX_FILE_BYTES = 1000  # a bomb: a small pack that declares more than any record holds
+    _hostile_pack(store, out.name, [(_entry("rl/r/log.jsonl"), b"\0" * 5000)])
+    with pytest.raises(SystemExit, match="more than a run record holds"):
+        archive.unpack(out, store)
+    assert not (out / "rl" / "r" / "log.jsonl").exists()
+
+    (tmp_path / "elsewhere").mkdir()
+    (out / "rl").symlink_to(tmp_path / "elsewhere")  # a link already in the folder is never written through
+    _hostile_pack(store, out.name, [(_entry("rl/r/log.jsonl"), b"{}\n")])
+    with pytest.raises(SystemExit, match="is a link"):
+        archive.unpack(out, store)
+    assert not any((tmp_path / "elsewhere").iterdir())
