@@ -167,6 +167,11 @@ def app_cmd(
         raise typer.Exit(2) from None
 
 
+from paravt.integrations.mcp.command import mcp_command  # noqa: E402  (typer only; the server imports lazily)
+
+app.command("mcp")(mcp_command)
+
+
 def _int_pair(text: str, flag: str) -> tuple[int, int]:
     try:
         lo, hi = (int(x) for x in text.split(","))
