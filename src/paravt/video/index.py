@@ -35,11 +35,17 @@ JUMP_FRAMES = 100  # frame steps, is a jump of the timestamps, not a long still 
 
 
 # ---------- seeking: the demuxer's two moves ----------
+def ticks(s, t: float) -> int:
+    """`t` (s, stream clock) in time-base ticks, rounded down: in a time base as coarse as one
+    frame (AVI's), rounding to the nearest would seek half the times to the frame after `t`."""
+    return math.floor((t + EPS) / float(s.time_base))
+
+
 def seek(source: Source, c, s, t: float) -> bool:
     """Backward seek to `t` (stream clock); False where the demuxer refuses (a TS whose
     timestamps it cannot find by bisection), which callers treat as a landing that failed."""
     try:
-        c.seek(round(t / float(s.time_base)), stream=s, backward=True, any_frame=False)
+        c.seek(ticks(s, t), stream=s, backward=True, any_frame=False)
         return True
     except Exception as e:
         if source.network_failure(e):
@@ -49,9 +55,10 @@ def seek(source: Source, c, s, t: float) -> bool:
 
 def rewind(source: Source, c, s) -> None:
     """To the first packet: a seek before the first timestamp (a seek *to* the first
-    timestamp in an MPEG-TS can land a few packets in, past the first keyframe), else to
-    byte 0 (formats that seek by bytes)."""
-    if seek(source, c, s, start_time(s) - REWIND):
+    timestamp in an MPEG-TS can land a few packets in, past the first keyframe); where that is
+    refused (AVI), a seek to the first timestamp; else to byte 0 (formats without timestamps,
+    raw H.264). Not byte 0 first: AVI's demuxer then keeps counting frames from where it was."""
+    if seek(source, c, s, start_time(s) - REWIND) or seek(source, c, s, start_time(s)):
         return
     try:
         c.seek(0, stream=s, unsupported_byte_offset=True)
@@ -89,7 +96,7 @@ class StreamIndex:
         entries = s.index_entries
         if len(entries) == 0:
             return None
-        j = entries.search_timestamp(round(target / float(s.time_base)), backward=True)
+        j = entries.search_timestamp(ticks(s, target), backward=True)
         if j < 0:
             return self.start
         return float(entries[j].timestamp * s.time_base)
