@@ -113,13 +113,17 @@ def test_leftovers_of_a_run_killed_with_its_guard_are_stopped(tmp_path):
 
 
 def test_a_pid_file_of_a_finished_run_or_a_reused_group_id_stops_nothing(tmp_path):
+    """A live group that took the id of a finished run's group, or that a crafted pid file names (run
+    folders travel): it carries no guard's token, so it is never signalled, whatever the file says."""
     (tmp_path / "old.pid").write_text("12345\n")  # the earlier plain format
-    # a live group that took the id of a finished run's group: its command lines do not name the port.
-    # (Its own session: this test's group holds the suite's other processes, whose arguments may.)
     other = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
-        (tmp_path / "gone.pid").write_text(json.dumps({"pid": other.pid, "pgid": other.pid, "port": 1}))
-        assert stop_leftovers(tmp_path) == []
+        rec = {"pid": other.pid, "pgid": other.pid, "cmd": ["sleep", "60"], "start": 0}
+        for i, extra in enumerate([{"port": 1}, {"port": None}, {"port": None, "token": "0" * 32},
+                                   {"port": None, "token": ""}, {"port": 60, "token": None}]):
+            (tmp_path / f"crafted{i}.pid").write_text(json.dumps({**rec, **extra}))
+        (tmp_path / "group1.pid").write_text(json.dumps({"pid": 1, "pgid": 1, "port": None, "token": "0" * 32}))
+        assert stop_leftovers(tmp_path, grace_s=0.5) == []
         assert other.poll() is None
         assert not list(tmp_path.glob("*.pid"))
     finally:

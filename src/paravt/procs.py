@@ -18,14 +18,18 @@ can stop the guard, the server and its children together — a stopped (SIGSTOP)
 whose SIGTERM would otherwise wait until it is continued.
 
 Each started server is described by a pid file (JSON: the guard's pid, which is the group's id,
-the port, the command, the guard's start time) so that a rerun can find and stop what a run killed
-together with its guards left behind (`stop_leftovers`).
+the port, the command, the guard's start time, and a random token) so that a rerun can find and stop
+what a run killed together with its guards left behind (`stop_leftovers`). The token is also in the
+environment of the guard, the server and every child of theirs (TOKEN_ENV): a group is stopped only
+if one of its live processes carries the file's token, so a pid file from elsewhere (run folders
+travel) can name no group but a server this run's folder itself started.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -36,6 +40,7 @@ from pathlib import Path
 
 GRACE_S = 10.0  # SIGTERM, then this long, then SIGKILL
 WATCH_S = 0.25  # how often the guard looks at its parent and the server
+TOKEN_ENV = "PARAVT_GUARD_TOKEN"  # in the environment of a guarded server and its children (module docstring)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -71,10 +76,13 @@ def start_guarded(cmd: list[str], *, log, env: dict | None = None, pid_file: str
     the server's. Output goes to `log` (an open file)."""
     guard = [sys.executable, "-m", "paravt.procs", "--parent", str(os.getpid()), "--grace", f"{grace_s:g}", "--",
              *cmd]
+    token = secrets.token_hex(16)
+    env = {**(os.environ if env is None else env), TOKEN_ENV: token}
     proc = subprocess.Popen(guard, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                             start_new_session=True)
     if pid_file is not None:
-        record = {"pid": proc.pid, "pgid": proc.pid, "port": port, "cmd": cmd, "start": _start_ticks(proc.pid)}
+        record = {"pid": proc.pid, "pgid": proc.pid, "port": port, "cmd": cmd, "start": _start_ticks(proc.pid),
+                  "token": token}
         Path(pid_file).write_text(json.dumps(record) + "\n")
     return proc
 
@@ -103,18 +111,20 @@ def stop_leftovers(folder: str | Path, grace_s: float = GRACE_S) -> list[str]:
     for f in sorted(Path(folder).glob("*.pid")):
         try:
             rec = json.loads(f.read_text())
-            pgid, port = int(rec["pgid"]), rec.get("port")
+            pgid, port, token = int(rec["pgid"]), rec.get("port"), rec["token"]
+            if pgid <= 1 or not isinstance(token, str) or len(token) < 16:
+                raise ValueError(f"not a guard's record: {rec}")
         except (OSError, ValueError, KeyError, TypeError):
-            f.unlink(missing_ok=True)  # an old plain pid file, or a torn one: nothing to trust
+            f.unlink(missing_ok=True)  # an older format, a torn file or a crafted one: nothing to trust
             continue
-        members = group_members(pgid, port)
+        members = group_members(pgid, token=token)
         if members:
             for sig in (signal.SIGTERM, signal.SIGCONT):
                 _signal_group(pgid, sig)
             deadline = time.monotonic() + grace_s
-            while group_members(pgid, port) and time.monotonic() < deadline:
+            while group_members(pgid, token=token) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            if group_members(pgid, port):
+            if group_members(pgid, token=token):
                 _signal_group(pgid, signal.SIGKILL)
             stopped.append(f"stopped a server an earlier run left running (process group {pgid}, port {port}, "
                            f"{len(members)} process(es); from {f.name})")
@@ -137,18 +147,22 @@ def _start_ticks(pid: int) -> int | None:
         return None
 
 
-def group_members(pgid: int, port: int | None = None) -> list[int]:
-    """The live processes of group `pgid` (zombies aside) — with `port`, only if one of them names it
-    as an argument of its command line (a group id, once free, can be taken by an unrelated group).
-    Without /proc: the group's existence alone."""
+def group_members(pgid: int, *, token: str | None = None) -> list[int]:
+    """The live processes of group `pgid` (zombies aside) — with `token`, only if one of them carries
+    it in its environment (TOKEN_ENV: a group id, once free, can be taken by an unrelated group, and a
+    pid file can be written by anyone). Without /proc: the group's existence alone, and never a
+    group asked for by token (nothing could be checked)."""
     proc = Path("/proc")
     if not proc.is_dir():
+        if token is not None:
+            return []
         try:
             os.killpg(pgid, 0)
             return [pgid]
         except OSError:
             return []
-    members, named = [], port is None
+    members, named = [], token is None
+    mark = f"{TOKEN_ENV}={token}".encode()
     for d in proc.iterdir():
         if not d.name.isdigit():
             continue
@@ -159,8 +173,7 @@ def group_members(pgid: int, port: int | None = None) -> list[int]:
                 continue
             members.append(int(d.name))
             if not named:
-                args = (d / "cmdline").read_bytes().decode(errors="replace").split("\0")
-                named = any(a == str(port) or a.endswith((f"={port}", f":{port}")) for a in args)
+                named = mark in (d / "environ").read_bytes().split(b"\0")
         except (OSError, IndexError, ValueError):
             continue
     return members if named else []
