@@ -12,7 +12,7 @@ class VideoInfo:
     duration: float
     fps: float  # mean rate of the recorded parts
     num_frames: int
-    width: int  # as displayed (after the rotation of a display matrix)
+    width: int  # as displayed (after the sample aspect ratio and the rotation of a display matrix)
     height: int
     gaps: list[tuple[float, float]] = field(default_factory=list)  # (from, to) s: timestamp jumps, nothing recorded
 

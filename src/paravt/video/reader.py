@@ -25,7 +25,9 @@ Where the rest lives: sources (files and URLs), index (the probe, timestamps tha
 decode (seeking and the nearest frame), passes (damaged data), sampling (which times, what size).
 
 Rotation: a display matrix (phones' portrait clips) is applied, so frames, probe() and
-frame_size are in the displayed orientation.
+frame_size are in the displayed orientation. So is the sample aspect ratio (anamorphic DVD and
+broadcast video): frames are resized to the shape shown, not the stored one (sampling.display_size),
+before the rotation turns them.
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ from paravt.video.errors import VideoError
 from paravt.video.frames import Frame, VideoInfo
 from paravt.video.index import probe, rewind
 from paravt.video.passes import Losses
-from paravt.video.sampling import (FACTOR, MAX_FRAMES, MAX_PIXELS, MIN_PIXELS, overview_times, resize_to_budget,
-                                   sample_times, share)
+from paravt.video.sampling import (FACTOR, MAX_FRAMES, MAX_PIXELS, MIN_PIXELS, display_size, overview_times,
+                                   resize_to_budget, sample_times, share)
 from paravt.video.sources import NET_TIMEOUT_S, Source, video_stream
 
 
@@ -119,11 +121,14 @@ class VideoReader:
 
     def _probe(self) -> VideoInfo:
         c = self._container()
-        self._index, info = probe(self.source, c, video_stream(c))
+        s = video_stream(c)
+        self._index, info = probe(self.source, c, s)
         self._turns = self._probe_rotation()
         self.frames_decoded = 0
         if not info.width or not info.height:
             raise VideoError(f"{self.path}: video stream has no frame size")
+        # FFmpeg's guess of the pixel shape: the container's, else the codec's (av_guess_sample_aspect_ratio)
+        info.width, info.height = display_size(info.width, info.height, getattr(s, "sample_aspect_ratio", None))
         if self._turns % 2:
             info.width, info.height = info.height, info.width
         return info

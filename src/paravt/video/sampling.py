@@ -41,6 +41,22 @@ def resize_to_budget(
     return h, w
 
 
+def display_size(width: int, height: int, sar) -> tuple[int, int]:
+    """(width, height) of a frame as shown: pixels `sar` (the sample aspect ratio, width:height of
+    one pixel) times as wide as tall, as in anamorphic DVD and broadcast video (720x576 stored,
+    16:9 shown). The side that grows is stretched, so no detail is lost before the resize; an
+    unknown or invalid SAR (None, 0, 0/1) is square pixels."""
+    try:
+        sar = float(sar) if sar else 1.0
+    except (TypeError, ValueError, ZeroDivisionError):
+        sar = 1.0
+    if not math.isfinite(sar) or sar <= 0 or abs(sar - 1.0) < 1e-3:
+        return width, height
+    if sar > 1:
+        return max(1, round(width * sar)), height
+    return width, max(1, round(height / sar))
+
+
 def overview_times(duration: float, k: int) -> list[float]:
     """Middle of each of k equal segments: uniform cover without the first/last-frame bias."""
     if k < 1:
