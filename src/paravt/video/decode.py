@@ -134,12 +134,12 @@ def seek_points(track: Track, target: float) -> Iterator[float | None]:
     With an index: the target, then ever earlier (a seek lands one keyframe late when a
     keyframe's pts is after its dts, the index's time, or where the keyframe is damaged),
     skipping times whose landing keyframe was tried already. Without one the landing is a
-    guess, so: 1, 2, 4, ... s before the target.
+    guess, so: 1, 2, 4, ... s before the target. A timeless stream (raw H.264) is read from the start.
     """
     index = track.index
     tried = set()
     back = 0.0 if index.indexed else 1.0
-    while target - back > index.start:
+    while target - back > index.start and not index.timeless:
         t = target - back
         key = index.keyframe_before(track.s, t) if index.indexed else t
         if key not in tried:
@@ -151,7 +151,7 @@ def seek_points(track: Track, target: float) -> Iterator[float | None]:
 
 def seek_saves_work(track: Track, t: float, target: float) -> bool:
     """Whether seeking for `target` skips more than SEEK_COST seconds of decoding from `t`."""
-    if target - t <= SEEK_COST:
+    if target - t <= SEEK_COST or track.index.timeless:  # timeless: no seeking but to the start
         return False
     landing = track.index.keyframe_before(track.s, target)
     if landing is None:  # no demuxer index (e.g. MPEG-TS): assume a keyframe every few seconds

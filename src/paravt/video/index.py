@@ -14,6 +14,11 @@ frames over the recorded parts only, a crop wholly inside a jump is a VideoError
 frames_at() flags a frame it returns for a time inside a jump (Frame.substituted). fps and
 num_frames then come from the packets (median frame step, the stated or recorded count), not
 from duration x fps. Containers without an index (MPEG-TS) are not checked for jumps.
+
+A stream whose packets carry no timestamps at all (a raw H.264 elementary stream: Raspberry Pi
+cameras, DVRs) is timeless: frame i is at i x the frame duration its packets state (the parser's,
+from the SPS; else the codec's rate), counted from the start, as ffmpeg stamps it. It cannot be
+sought by time, so it is read forward from its first byte (StreamIndex.timeless).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from paravt.video.errors import VideoError
 from paravt.video.frames import VideoInfo
@@ -86,6 +91,7 @@ class StreamIndex:
     last_pts: float  # the latest packet time
     frame_dur: float  # 1 / fps
     spans: list[tuple[float, float]] | None  # video clock: the parts that hold frames
+    timeless: bool = False  # no packet has a time: frames are numbered from the start (raw H.264)
 
     def keyframe_before(self, s, target: float) -> float | None:
         """Time (stream clock) of the keyframe a backward seek to `target` lands on, from the
@@ -103,8 +109,10 @@ class StreamIndex:
 
     def resume_points(self, s, after: float) -> Iterator[float]:
         """Seek times past `after` to resume a stream that stopped early: the index's next
-        keyframes, or without an index steps growing from 1 s."""
+        keyframes, or without an index steps growing from 1 s; none in a timeless stream."""
         tb = float(s.time_base)
+        if self.timeless:
+            return
         if self.indexed:
             entries = s.index_entries
             ts = math.floor(after / tb) + 1
@@ -150,16 +158,21 @@ def probe(source: Source, c, s) -> tuple[StreamIndex, VideoInfo]:
     # Demux packet timestamps (cheap, no decoding) to check the file holds frames and
     # that its stated duration is real: a truncated file states more than it has.
     # Only the tail is read when a duration is stated (a long file is not scanned whole).
-    last_pts, count, tail = None, 0, []
+    scan = _Scan()
     for scan_from in ([max(duration - 10.0, 0.0), None] if duration else [None]):
         if scan_from is not None:
             if not seek(source, c, s, scan_from + start):
                 continue
         elif duration:
             rewind(source, c, s)
-        last_pts, count, tail = _scan_pts(source, c, s)
-        if count:
+        scan = _scan_pts(source, c, s)
+        if scan.count:
             break
+    timeless = scan.count == 0 and scan.untimed > 0  # the file was scanned whole: no packet has a time
+    if timeless:
+        fps, start = _untimed_rate(scan, s), 0.0
+        scan.count, scan.last = scan.untimed, (scan.untimed - 1) / fps
+    last_pts, count, tail = scan.last, scan.count, scan.recent
     if count == 0:
         raise VideoError(f"{source.path}: video stream holds no frames (truncated or empty)")
     step = _median_step(tail, s.time_base) or (1.0 / fps if fps > 0 else 0.0)
@@ -178,31 +191,56 @@ def probe(source: Source, c, s) -> tuple[StreamIndex, VideoInfo]:
     if fps <= 0:
         fps = 25.0  # unknown rate: timestamps still come from pts, fps only sets the crop gap
     index = StreamIndex(indexed=indexed, resync=resync, cut=cut, start=start, last_pts=last_pts,
-                        frame_dur=1.0 / fps, spans=spans)
+                        frame_dur=1.0 / fps, spans=spans, timeless=timeless)
     gaps = [(a, b) for (_, a), (b, _) in zip(spans, spans[1:])] if spans else []
     info = VideoInfo(duration=duration, fps=fps, num_frames=num_frames or int(round(recorded * fps)),
                      width=s.codec_context.width, height=s.codec_context.height, gaps=gaps)
     return index, info
 
 
-def _scan_pts(source: Source, c, s) -> tuple[float | None, int, list[int]]:
-    """Latest packet time (stream clock), packet count and the last 512 packets' pts, from the
-    current position to the end. A demux error ends the scan (damaged data) but fails only if
-    no packet came before it; a network failure always fails."""
-    last, count, recent = None, 0, deque(maxlen=512)
+@dataclass
+class _Scan:
+    """What demuxing to the end found: the latest packet time (stream clock), the count of packets
+    with a time, the last 512 of their pts; packets without a time and the durations they state."""
+
+    last: float | None = None
+    count: int = 0
+    recent: list[int] = field(default_factory=list)
+    untimed: int = 0
+    durations: list[int] = field(default_factory=list)
+
+
+def _scan_pts(source: Source, c, s) -> _Scan:
+    """Demux from the current position to the end. A demux error ends the scan (damaged data)
+    but fails only if no packet came before it; a network failure always fails."""
+    scan, recent = _Scan(), deque(maxlen=512)
     try:
         for packet in c.demux(s):
             if packet.pts is not None:
                 t = float(packet.pts * s.time_base)
-                last = t if last is None else max(last, t)
-                count += 1
+                scan.last = t if scan.last is None else max(scan.last, t)
+                scan.count += 1
                 recent.append(packet.pts)
+            elif packet.size:
+                scan.untimed += 1
+                if len(scan.durations) < 512 and packet.duration:
+                    scan.durations.append(packet.duration)
     except Exception as e:
         if (err := source.failed_network(e)) is not None:
             raise err from None
-        if count == 0:
+        if scan.count + scan.untimed == 0:
             raise VideoError(f"{source.path}: corrupt or truncated video ({type(e).__name__}: {e})") from None
-    return last, count, list(recent)
+    scan.recent = list(recent)
+    return scan
+
+
+def _untimed_rate(scan: _Scan, s) -> float:
+    """Frame rate of a timeless stream: its packets' typical duration (the parser's, from the
+    stream's own timing info), else the codec's rate, else the demuxer's (raw H.264: 25)."""
+    if scan.durations:
+        return 1.0 / float(statistics.median_low(scan.durations) * s.time_base)
+    rate = s.codec_context.framerate or s.guessed_rate or s.average_rate
+    return float(rate) if rate else 25.0
 
 
 def _median_step(pts: list[int], time_base) -> float:

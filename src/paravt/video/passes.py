@@ -69,6 +69,8 @@ class ForwardPass:
       and the last one of a file cut inside a TS packet, hold bytes of other frames.
     Frames due but not delivered go to `losses`. A stream that ends before the probed end (a
     Matroska demuxer stops at garbage) is resumed by seeking forward past the damage.
+    A timeless stream (raw H.264; only read from its start) has no packet times: each frame the
+    decoder puts out, or that is lost on the way, takes the next frame time from `origin`.
     origin: the time sought (stream clock). key_by: end at once if packets pass this time
     before any keyframe: the seek landed too late (see decode.land).
     on_decoded: called for each frame the decoder puts out (the reader's frames_decoded counter).
@@ -95,6 +97,8 @@ class ForwardPass:
         self.bad: set[float] = set()  # frames not to deliver when they come out
         self.lookahead = index.resync == "dts"  # a TS packet is trusted once the next one is read
         self.recent: deque[float] = deque(maxlen=32)  # times of the last packets read
+        self.numbered = 0  # timeless stream: frames given a time so far
+        self.unnumbered = 0  # timeless stream: packets in the decoder whose frames have not come out
 
     def __iter__(self) -> Iterator[tuple]:
         resumes, tries = None, 0
@@ -151,6 +155,7 @@ class ForwardPass:
                 if self.key_by is not None and self.last_out == -math.inf and t is not None and t > self.key_by:
                     return None  # no keyframe at or before key_by follows
                 self.losses.add(t)
+                self._unfed()
                 return []
             self.need_key, self.drop = False, (-math.inf, t if t is not None else -math.inf)
         if packet.is_keyframe:
@@ -158,9 +163,12 @@ class ForwardPass:
         if packet.is_corrupt:
             self.losses.add(t)
             self._damage()
+            self._unfed()
             return []
         if t is not None:
             self.pending.append(t)
+        elif self.idx.timeless:
+            self.unnumbered += 1
         frames = _decode(packet)
         if frames is None:  # the decoder rejected the packet
             self._damage()
@@ -215,9 +223,12 @@ class ForwardPass:
     def _accept(self, frames: list) -> Iterator[tuple]:
         """The clean ones of the decoder's output, in time order."""
         for f in frames:
-            if f.pts is None:
+            if f.pts is not None:
+                t = f.pts * self.tb
+            elif self.idx.timeless:
+                t, self.unnumbered = self._number(), max(0, self.unnumbered - 1)
+            else:
                 continue
-            t = f.pts * self.tb
             self.on_decoded()
             if f.is_corrupt:
                 self.losses.add(t)
@@ -290,6 +301,21 @@ class ForwardPass:
             self.losses.add(u)
         self.pending.clear()
         self.held.clear()
+        for _ in range(self.unnumbered):
+            self.losses.add(self._number())
+        self.unnumbered = 0
+
+    def _number(self) -> float:
+        """Timeless stream: the time of the next frame in display order, which is now read."""
+        t = self.origin + self.numbered * self.idx.frame_dur
+        self.numbered += 1
+        self.frontier = t
+        return t
+
+    def _unfed(self) -> None:
+        """Timeless stream: a packet skipped (not decoded) still holds a frame, which takes its time."""
+        if self.idx.timeless:
+            self.losses.add(self._number())
 
     def _lost_from(self, t: float) -> None:
         if self.span_open is None:
