@@ -163,3 +163,80 @@ def test_a_client_that_leaves_mid_body_is_one_log_line(caplog):
     assert [r.getMessage() for r in mine] == ["client disconnected before its request was read: POST "
                                               "/v1/chat/completions"]
     assert all(r.exc_info is None for r in mine)
+
+
+def test_origins_are_compared_as_browsers_send_them():
+    from paravt.webguard import origin_of
+
+    assert origin_of("http://Localhost:5173/") == "http://localhost:5173"
+    assert origin_of("HTTPS://App.Example:443") == "https://app.example"
+    assert origin_of("http://[::1]:3000") == "http://[::1]:3000"
+    for bad in ("localhost:5173", "http://localhost:5173/app", "ftp://x", "http://", "http://a:99999"):
+        with pytest.raises(ValueError, match="not an origin"):
+            origin_of(bad)
+    ok = {"host": "127.0.0.1:8000", "content-type": "application/json", "origin": "http://localhost:5173"}
+    assert refusal("POST", "/v1/chat/completions", ok, True, (), (origin_of("http://LOCALHOST:5173"),)) is None
+
+
+def test_without_a_key_beyond_loopback_only_ip_addresses_and_given_names_are_answered():
+    """Bound to 0.0.0.0 without --api-key: a DNS-rebinding page reaches the server under a name of its
+    own, which the page's Origin then matches; such a Host is refused, an IP address or a name the
+    server was given is answered."""
+    from paravt.serve.command import hosts_without_key
+
+    assert hosts_without_key("127.0.0.1", None) is None and hosts_without_key("0.0.0.0", "key") is None
+    named = hosts_without_key("0.0.0.0", None, ("GPU-Box.lan.",))
+    assert "gpu-box.lan" in named and socket.gethostname().lower() in named
+    assert "trainer.internal" in hosts_without_key("trainer.internal", None)
+    with Server(create_app(FakeBackend(), "fake-model", named_hosts=named)) as s, \
+            httpx.Client(base_url=s.url, timeout=30) as c:
+        rebind = "rebind.attacker.example"
+        r = c.post("/v1/chat/completions", content=CHAT, headers={
+            "content-type": "application/json", "host": f"{rebind}:{s.port}", "origin": f"http://{rebind}:{s.port}"})
+        assert r.status_code == 421 and "--api-key" in r.json()["error"]["message"]
+        for host in (f"10.1.2.3:{s.port}", f"[fe80::1]:{s.port}", f"gpu-box.lan:{s.port}", f"localhost:{s.port}"):
+            assert c.get("/health", headers={"host": host}).status_code == 200, host
+
+
+def test_a_clients_mistake_is_reported_as_the_clients():
+    with Server(create_app(FakeBackend(), "fake-model")) as s, httpx.Client(base_url=s.url, timeout=30) as c:
+        r = c.post("/v1/chat/completions", content=CHAT)  # curl -d: form-encoded
+        assert r.status_code == 415 and r.json()["error"]["type"] == "invalid_request_error"
+        r = c.post("/v1/chat/completions", content="{", headers={"content-type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+PAGE = """<!doctype html><script>
+async function ask(url) {
+  try {
+    const r = await fetch(url + "/v1/chat/completions", {method: "POST", headers: {"Content-Type": "application/json",
+      "Authorization": "Bearer k"}, body: JSON.stringify({messages: [{role: "user", content: "hi"}], max_tokens: 4})});
+    return r.status + " " + (await r.json()).choices[0].message.content;
+  } catch (e) { return "blocked: " + e; }
+}
+</script>"""
+
+
+def test_a_browser_front_end_on_an_allowed_origin_can_call_the_server(browser):
+    """Debian's chromium, a page on another origin (another port) POSTing JSON with a bearer key: the
+    preflight is answered for --allow-origin's origin (given in another case than the browser sends),
+    and refused for any other page."""
+    from starlette.applications import Starlette
+    from starlette.responses import HTMLResponse
+    from starlette.routing import Route
+
+    page_app = Starlette(routes=[Route("/", lambda request: HTMLResponse(PAGE))])
+    with Server(page_app) as page:
+        allowed = f"http://LOCALHOST:{page.port}/"
+        with Server(create_app(FakeBackend(), "fake-model", api_key="k", loopback_only=True,
+                               allowed_origins=(allowed,))) as api:
+            ctx = browser.new_context()
+            try:
+                tab = ctx.new_page()
+                tab.goto(f"http://localhost:{page.port}/")
+                got = tab.evaluate("url => ask(url)", api.url)
+                assert got.startswith("200 "), got
+                tab.goto(f"http://127.0.0.1:{page.port}/")  # the same page on an origin not let in
+                assert tab.evaluate("url => ask(url)", api.url).startswith("blocked"), "a foreign origin got through"
+            finally:
+                ctx.close()

@@ -127,7 +127,12 @@ def serve(
                                 "reload_weights, /weight_info), as vLLM's dev mode does, for `paravt train grpo` "
                                 "with rollout servers."),
     allow_origin: list[str] = typer.Option([], help="A browser origin (e.g. http://localhost:3000) whose pages may "
-                                           "call this server; other cross-origin requests are refused. Repeatable."),
+                                           "call this server (CORS); other cross-origin requests are refused. "
+                                           "Repeatable."),
+    allow_host: list[str] = typer.Option([], help="Bound beyond loopback without --api-key, a host name besides "
+                                         "the machine's own that clients may address it as (IP addresses always "
+                                         "work); other names are refused, as a DNS-rebinding page's would be. "
+                                         "Repeatable."),
 ) -> None:
     """Serve a model over an OpenAI-compatible /v1/chat/completions."""
     from paravt.models import ModelLoadError
@@ -136,7 +141,7 @@ def serve(
     try:
         run_serve(model, host, port, api_key, max_batch, max_model_len=max_model_len, max_images=max_images,
                   max_total_pixels=max_total_pixels, rl_api=rl_api, max_inflight_pixels=max_inflight_pixels,
-                  allow_origins=tuple(allow_origin))
+                  allow_origins=tuple(allow_origin), allow_hosts=tuple(allow_host))
     except (ModelLoadError, ValueError) as e:
         typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None

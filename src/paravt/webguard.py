@@ -5,10 +5,14 @@ a page may POST to http://127.0.0.1:8000 cross-site without a CORS preflight whe
 `text/plain` or a form, and a DNS-rebinding page reaches it under its own host name. So:
 - bound to loopback, a Host header that is not a loopback name (localhost, ::1, any 127.0.0.0/8
   address) is refused (421): a rebinding page's requests carry the page's own name;
+- bound beyond loopback without a key, a Host header must be an IP address, a loopback name or a
+  name the server was given (`named_hosts`: its machine's names, --allow-host): a rebinding page's
+  name is none of these, and the key, where there is one, is what a page cannot know;
 - a request whose Origin is not the server's own (scheme-less host:port as the Host header says)
   nor in the allowed origins is refused (403): browsers send Origin on every cross-site POST;
 - a POST to a JSON endpoint must say `Content-Type: application/json` (415): that type is one a
-  cross-site page cannot send without a preflight, which this server never answers.
+  cross-site page cannot send without a preflight, which the server answers (CORS) only for the
+  origins it was told to let in (`allowed_origins`, compared as browsers send them: `origin_of`).
 """
 
 from __future__ import annotations
@@ -39,16 +43,47 @@ def host_name(host_header: str) -> str:
     return h.rsplit(":", 1)[0] if h.count(":") == 1 else h
 
 
+def origin_of(url: str) -> str:
+    """`url` as a browser's Origin header spells it (scheme://host[:port], lower case, no default
+    port, no path), or ValueError: `--allow-origin http://Localhost:5173/` must match the
+    `http://localhost:5173` a browser sends."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError as e:
+        raise ValueError(f"not an origin: {url!r} ({e})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/") \
+            or parts.query or parts.fragment or parts.username or parts.password:
+        raise ValueError(f"not an origin: {url!r} (an origin is scheme://host[:port], e.g. http://localhost:5173)")
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    default = {"http": 80, "https": 443}[parts.scheme]
+    return f"{parts.scheme}://{host}" + (f":{port}" if port not in (None, default) else "")
+
+
+def is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name.strip("[]"))
+        return True
+    except ValueError:
+        return False
+
+
 def refusal(method: str, path: str, headers, loopback_only: bool, json_paths: tuple[str, ...] = (),
-            allowed_origins: tuple[str, ...] = ()) -> tuple[int, str] | None:
+            allowed_origins: tuple[str, ...] = (), named_hosts: tuple[str, ...] | None = None) -> tuple[int, str] | None:
     """(status, message) when the request is one a foreign web page could have sent, else None.
-    `headers` is any case-insensitive mapping (Starlette's)."""
+    `headers` is any case-insensitive mapping (Starlette's); `allowed_origins` as `origin_of` spells
+    them; `named_hosts` (lower case), where given, the only names besides IP addresses and loopback
+    names that the Host header may carry."""
     host = headers.get("host") or ""
-    if loopback_only and not is_loopback(host_name(host)):
+    name = host_name(host).lower().rstrip(".")
+    if loopback_only and not is_loopback(name):
         return 421, (f"this server answers on its loopback address only, not as {host[:80]!r} "
                      "(open it as http://127.0.0.1:PORT)")
+    if named_hosts is not None and not (is_ip(name) or is_loopback(name) or name in named_hosts):
+        return 421, (f"this server has no API key, so it answers only as an IP address or a name it was given, "
+                     f"not as {host[:80]!r} (start it with --api-key, or name the host with --allow-host)")
     origin = headers.get("origin")
-    if origin is not None and not _same_origin(origin, host) and origin.rstrip("/") not in allowed_origins:
+    if origin is not None and not _same_origin(origin, host) and origin.lower().rstrip("/") not in allowed_origins:
         return 403, (f"cross-origin requests are refused (Origin {origin[:80]!r}); a browser front-end on "
                      "another origin needs --allow-origin")
     if method == "POST" and path in json_paths:

@@ -31,7 +31,7 @@ from paravt.serve.limits import (MAX_BODY_BYTES, MAX_INFLIGHT_PIXELS, PIXEL_WAIT
                                  Reservation)
 from paravt.serve.rl_api import RL_PATHS, WeightGate, add_rl_api
 from paravt.serve.schema import ChatRequest, parse_chat_request
-from paravt.webguard import refusal
+from paravt.webguard import origin_of, refusal
 from paravt.serve.streaming import (first_while_connected, generate_while_connected, pump_generation, retrieve,
                                     stream_events, usage_of)
 
@@ -65,14 +65,16 @@ def create_app(backend: Backend, model_name: str, api_key: Optional[str] = None,
                max_images: int = MAX_IMAGES, max_total_pixels: int = MAX_TOTAL_PIXELS, rl_api: bool = False,
                max_inflight_pixels: int = MAX_INFLIGHT_PIXELS, pixel_wait_s: float = PIXEL_WAIT_S,
                image_fit: Optional[ImageFit] = None, loopback_only: bool = False,
-               allowed_origins: tuple = ()):
+               allowed_origins: tuple = (), named_hosts: Optional[tuple] = None):
     """The FastAPI app. Any Backend works (tests use fakes); `model_name` is the id /v1/models lists
     and the only one /v1/chat/completions accepts (as vLLM does, so a wrong model is a clear 404).
     The limits (paravt.serve.images, .limits) and the RL weight-sync API (`rl_api`, paravt.serve.rl_api)
     are described in their modules. `image_fit` is the size the model resizes an image to (default:
     what the backend says, `model_image_fit`; None there: images are decoded as sent). Cross-site
     requests are refused as `paravt.webguard` says (`loopback_only`: the server is bound to loopback,
-    so a foreign Host is a rebinding page; `allowed_origins`: browser front-ends let in)."""
+    so a foreign Host is a rebinding page; `named_hosts`: bound beyond loopback without a key, the
+    names besides IP addresses it answers as; `allowed_origins`: browser front-ends let in, whose
+    preflights are answered and whose responses carry CORS headers)."""
     from fastapi import FastAPI, Request
 
     srv = Server(backend=backend, model_name=model_name,
@@ -81,7 +83,13 @@ def create_app(backend: Backend, model_name: str, api_key: Optional[str] = None,
                  gate=WeightGate(), max_body_bytes=max_body_bytes)
     app = FastAPI(title="paravt serve", version="1", docs_url=None, redoc_url=None, openapi_url=None)
     _add_error_handlers(app)
-    _add_guard(app, api_key, max_body_bytes, loopback_only, tuple(o.rstrip("/") for o in allowed_origins))
+    origins = tuple(origin_of(o) for o in allowed_origins)
+    _add_guard(app, api_key, max_body_bytes, loopback_only, origins, named_hosts)
+    if origins:  # outermost: a preflight is answered before the guard, every answer gets its headers
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(origins), allow_methods=["GET", "POST"],
+                           allow_headers=["authorization", "content-type"], max_age=600)
 
     @app.get("/health")
     async def health():
@@ -124,7 +132,7 @@ JSON_PATHS = ("/v1/chat/completions", "/collective_rpc", "/update_weight_version
 
 
 def _add_guard(app, api_key: Optional[str], max_body_bytes: int, loopback_only: bool,
-               allowed_origins: tuple) -> None:
+               allowed_origins: tuple, named_hosts: Optional[tuple] = None) -> None:
     """Requests a web page could have sent refused (`paravt.webguard`), the bearer key on /v1/* and
     the RL API, a declared body over the limit refused before it is read, and any exception answered
     here (500) so the connection stays usable."""
@@ -134,7 +142,7 @@ def _add_guard(app, api_key: Optional[str], max_body_bytes: int, loopback_only: 
     @app.middleware("http")
     async def guard(request: Request, call_next):
         refused = refusal(request.method, request.url.path, request.headers, loopback_only, JSON_PATHS,
-                          allowed_origins)
+                          allowed_origins, named_hosts)
         if refused:
             return error(*refused)
         if api_key and (request.url.path.startswith("/v1") or request.url.path in RL_PATHS):

@@ -24,7 +24,8 @@ class PayloadTooLarge(PayloadError):
 
 def error_body(status: int, message: str, kind: str | None = None) -> dict:
     """The OpenAI error object for an HTTP status (its `type` from the status unless given)."""
-    return {"error": {"message": message, "type": kind or ERROR_TYPES.get(status, "server_error"), "code": status}}
+    default = "invalid_request_error" if 400 <= status < 500 else "server_error"  # a 4xx is the client's to fix
+    return {"error": {"message": message, "type": kind or ERROR_TYPES.get(status, default), "code": status}}
 
 
 def failure_of(exc: BaseException) -> tuple[int, str, str]:
