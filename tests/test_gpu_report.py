@@ -57,3 +57,23 @@ def test_update_and_episode_tables():
             for n in (1, 2)]
     text = gr.episode_table(rows)
     assert "| 2 | 0.40 (1.14×) | 0.70 | 1.75 | [2] |" in text
+
+
+def test_the_gpu_mode_refuses_a_machine_without_cuda_and_writes_nothing(tmp_path):
+    """A CPU run of `benchmarks/gpu.sh` in its default mode once rewrote docs/gpu.md's measured H200
+    section with a failed run's table: it now stops in one line before writing anything."""
+    import os
+    import subprocess
+    import sys
+
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the default mode would measure")
+    page = (ROOT / "docs" / "gpu.md").read_bytes()
+    out = tmp_path / "out"
+    r = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh")], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "OUT": str(out), "PYTHON": sys.executable})
+    assert r.returncode == 2 and "no CUDA device" in r.stderr, r.stderr
+    assert not out.exists() and (ROOT / "docs" / "gpu.md").read_bytes() == page
