@@ -438,3 +438,39 @@ def test_divergence_warnings():
     assert run.warnings({"entropy": 0.4, "kl": 0.05, "skipped_updates": 0}, cfg) == []
     said = run.warnings({"entropy": 0.6, "kl": 0.8, "skipped_updates": 1, "updates": 1, "grad_norm": float("nan")}, cfg)
     assert len(said) == 3 and "2.4x" in said[0] and "0.800" in said[1] and "1 of 1 updates skipped" in said[2]
+
+
+@pytest.mark.parametrize("text,why", [
+    ("1: x\n", "not a setting's name"),
+    ("~: x\n", "not a setting's name"),
+    ("keep_best: yes\n", "keep_best must name a step metric"),
+    ("keep_best: rewards\n", "keep_best must name a step metric"),
+    ("betas: [2, 3]\n", "betas must be two numbers in"),
+    ("threads: -1\n", "threads must be >= 0"),
+    ("steps: 010\n", "read by YAML as 8"),
+    ("save_every: 1:30\n", "read by YAML as 90"),
+    ("steps: 3\nlr: 1e-6\nsteps: 5\n", "'steps' is given twice \\(lines 1 and 3\\)"),
+    ("episode:\n  max_turns: 2\n  max_turns: 3\n", "'max_turns' is given twice"),
+])
+def test_a_config_that_would_fail_later_or_mean_something_else_fails_at_load(tmp_path, text, why):
+    """Each loaded before (or failed only once the run started, or silently became another value)."""
+    from paravt.train.config import ConfigError
+    from paravt.train.sft import SFTConfig
+
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=why):
+        GRPOConfig.load(p)
+    if not text.startswith(("keep_best", "episode")):
+        with pytest.raises(ConfigError, match=why):
+            SFTConfig.load(p)
+    assert GRPOConfig.load(None, ["steps=10", "keep_best=reward", "betas=[0.9, 0.95]"]).steps == 10
+
+
+def test_keep_best_names_metrics_a_step_logs():
+    from paravt.train.grpo.config import KEEP_BEST_METRICS
+    from paravt.train.grpo.rollouts import rollout_metrics
+
+    rec = {"step": 1, "group": 0, "reward": 1.0, "k": 4, "accuracy": 1.0, "format": 1.0, "anchor": 1.0, "tool": 0.0,
+           "degenerate": 0, "n_parsed_calls": 1, "n_executed_calls": 1, "answer": "a", "turns": 2, "problem_turns": 0}
+    assert set(KEEP_BEST_METRICS) <= set(rollout_metrics([rec], [4]))

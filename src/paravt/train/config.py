@@ -112,6 +112,9 @@ def from_dict(cls: type[T], data: dict, prefix: str = "") -> T:
     reported by their dotted name. The dataclass's own `__post_init__` checks still run."""
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {data!r}")
+    odd = [k for k in data if not isinstance(k, str)]
+    if odd:  # `1: x` or `~: x` in a file: YAML reads such a key as a number or null, never a setting's name
+        raise ConfigError(f"{prefix or 'config'}: {odd[0]!r} is not a setting's name (keys are names such as steps)")
     hints = typing.get_type_hints(cls)
     known = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(known))
@@ -139,6 +142,15 @@ def check_finite(cfg: Any) -> None:
             check_finite(v)
 
 
+def check_trainer(cfg: Any) -> None:
+    """Raise ValueError for settings both trainers share that would load and fail only once the run
+    starts: AdamW's betas outside [0, 1), a negative thread count."""
+    if len(cfg.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.betas):
+        raise ValueError(f"betas must be two numbers in [0, 1) (AdamW's), got {list(cfg.betas)}")
+    if cfg.threads < 0:
+        raise ValueError(f"threads must be >= 0 (0: torch's default), got {cfg.threads}")
+
+
 def to_dict(cfg: Any) -> dict:
     """JSON/YAML-friendly dict of a config (callables and other non-data values dropped)."""
     out = {}
@@ -154,20 +166,48 @@ def to_dict(cfg: Any) -> dict:
     return out
 
 
-def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
-    """`key=value` strings (values parsed as YAML, keys dotted for nested sections) merged into `data`."""
+def read_yaml(text: str, where: str) -> Any:
+    """`text` parsed as YAML for a config: as yaml.safe_load, but a key given twice and an integer that
+    YAML 1.1 reads other than it looks (`010` is 8, `1:30` is 90) are ConfigErrors naming `where`, not
+    silently the last value or another number."""
     import yaml
 
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if isinstance(key, collections.abc.Hashable) and key in seen:
+                    raise ConfigError(f"{where}: {key!r} is given twice (lines {seen[key]} and "
+                                      f"{key_node.start_mark.line + 1}); say it once")
+                if isinstance(key, collections.abc.Hashable):
+                    seen[key] = key_node.start_mark.line + 1
+            return super().construct_mapping(node, deep)
+
+        def construct_yaml_int(self, node):
+            text = str(node.value).replace("_", "").lstrip("+-")
+            if ":" in text or (len(text) > 1 and text[0] == "0" and text[1].isdigit()):
+                raise ConfigError(f"{where}: {node.value!r} (line {node.start_mark.line + 1}) is read by YAML as "
+                                  f"{super().construct_yaml_int(node)}; write the number without a leading zero "
+                                  "or colon, or quote it")
+            return super().construct_yaml_int(node)
+
+    Loader.add_constructor("tag:yaml.org,2002:int", Loader.construct_yaml_int)
+    try:
+        return yaml.load(text, Loader=Loader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where} is not valid YAML: {e}") from None
+
+
+def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
+    """`key=value` strings (values parsed as YAML, keys dotted for nested sections) merged into `data`."""
     data = dict(data)
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like key=value (e.g. steps=10, episode.max_turns=2)")
         key, raw = item.split("=", 1)
         key = key.strip()
-        try:
-            value = yaml.safe_load(raw)
-        except yaml.YAMLError as e:
-            raise ConfigError(f"override {item!r}: value is not valid YAML ({e})") from None
+        value = read_yaml(raw, f"override {item!r}")
         node = data
         parts = key.split(".")
         for p in parts[:-1]:
@@ -186,17 +226,12 @@ def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
     """Config `cls` from a YAML file (optional) and `key=value` overrides, validated."""
-    import yaml
-
     data: dict = {}
     if path:
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file {p} does not exist")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{p} is not valid YAML: {e}") from None
+        data = read_yaml(p.read_text(), str(p)) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of settings")
     return from_dict(cls, apply_overrides(data, overrides))

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from paravt import protocol as P
-from paravt.train.config import ConfigError, check_finite, load_config, to_dict
+from paravt.train.config import ConfigError, check_finite, check_trainer, load_config, to_dict
 from paravt.train.sequences import TrainSequence
 
 VIDEO_PLACEHOLDER = "<video>"
@@ -69,6 +69,7 @@ class SFTConfig:
 
     def __post_init__(self) -> None:
         check_finite(self)
+        check_trainer(self)
         if self.keep_checkpoints < 0 or self.max_nonfinite_steps < 1:
             raise ValueError("keep_checkpoints must be >= 0 and max_nonfinite_steps >= 1")
         for name in ("steps", "batch_size", "micro_batch_size", "max_frames", "log_every", "save_every",

@@ -9,11 +9,15 @@ from pathlib import Path
 
 from paravt.agent import EpisodeConfig
 from paravt.rewards import RewardConfig
-from paravt.train.config import check_finite, load_config
+from paravt.train.config import check_finite, check_trainer, load_config
 from paravt.train.rollout import RolloutConfig
 from paravt.video import MAX_FRAMES
 
 K_CHOICES = (4, 8, 16, 32, 64)  # nFrames gating: K ~ Uniform over these per prompt (SPEC §3)
+# the step metrics (grpo.rollouts.rollout_metrics) `keep_best` may maximise: named here so a typo or a
+# YAML `yes` fails when the config loads, not after the first step
+KEEP_BEST_METRICS = ("reward", "accuracy", "format", "f_tau", "anchor", "tool", "kappa", "executed_calls",
+                     "tool_use_rate", "answered_rate")
 
 
 def _default_episode() -> EpisodeConfig:
@@ -97,6 +101,10 @@ class GRPOConfig:
         if self.fixed_k > MAX_FRAMES:
             raise ValueError(f"fixed_k must be <= {MAX_FRAMES}, got {self.fixed_k}")
         check_finite(self)
+        check_trainer(self)
+        if self.keep_best and self.keep_best not in KEEP_BEST_METRICS:
+            raise ValueError(f"keep_best must name a step metric to maximise ({', '.join(KEEP_BEST_METRICS)}), "
+                             f"got {self.keep_best!r}")
         if not self.behave_weight_cap > 1:
             raise ValueError(f"behave_weight_cap must be > 1, got {self.behave_weight_cap}")
         if not (self.lr > 0 and self.grad_clip > 0 and self.clip_eps > 0 and self.adv_eps > 0 and self.kl_clamp > 0):
