@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from paravt.video import VideoError, VideoReader, overview_times
+from paravt.video.sampling import display_size
 from videotools import decode_stripe, make_audio_only, make_multi_stream, make_test_video
 
 import av  # noqa: E402
@@ -124,6 +125,12 @@ def test_anamorphic_frames_have_the_display_aspect(tmp_path):
     for f in r.overview(3):
         assert f.image.shape == (128, 228, 3)
     assert stripes(r.frames_at([0.4])) == [10]
+
+
+def test_display_size_stretches_the_short_side():
+    assert display_size(720, 576, Fraction(64, 45)) == (1024, 576)  # PAL 16:9
+    assert display_size(720, 480, Fraction(8, 9)) == (720, 540)  # NTSC 4:3: taller, never narrower
+    assert display_size(720, 576, None) == display_size(720, 576, Fraction(0, 1)) == (720, 576)  # unknown: square
 
 
 def quadrant_frame(i: int, height: int = 64, width: int = 96) -> np.ndarray:

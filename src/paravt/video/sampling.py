@@ -1,5 +1,6 @@
 """Which times to decode and at what size: overview(K) times, a crop's times, spreading them over
-the recorded parts of a video whose timestamps jump, and the pixel budget of a frame. Pure
+the recorded parts of a video whose timestamps jump, a frame's shown shape (non-square pixels) and its
+pixel budget. Pure
 arithmetic, no decoding.
 
 Counts are bounded: overview(k) returns at most the video's frames (every frame once when
@@ -9,6 +10,7 @@ k >= num_frames), a crop at most the frames in its window, and no call more than
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 MAX_PIXELS = 50176  # 224 * 224
 MIN_PIXELS = 784  # 28 * 28
@@ -41,7 +43,7 @@ def resize_to_budget(
     return h, w
 
 
-def display_size(width: int, height: int, sar) -> tuple[int, int]:
+def display_size(width: int, height: int, sar: Fraction | float | None) -> tuple[int, int]:
     """(width, height) of a frame as shown: pixels `sar` (the sample aspect ratio, width:height of
     one pixel) times as wide as tall, as in anamorphic DVD and broadcast video (720x576 stored,
     16:9 shown). The side that grows is stretched, so no detail is lost before the resize; an
