@@ -1,7 +1,6 @@
 """Which times to decode and at what size: overview(K) times, a crop's times, spreading them over
-the recorded parts of a video whose timestamps jump, a frame's shown shape (non-square pixels) and its
-pixel budget. Pure
-arithmetic, no decoding.
+the recorded parts of a video whose timestamps jump, a frame's shown shape (non-square pixels)
+and its pixel budget. Pure arithmetic, no decoding.
 
 Counts are bounded: overview(k) returns at most the video's frames (every frame once when
 k >= num_frames), a crop at most the frames in its window, and no call more than MAX_FRAMES.
