@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from paravt.video import VideoError, VideoReader, overview_times
-from paravt.video.sampling import display_size
 from videotools import decode_stripe, make_audio_only, make_multi_stream, make_test_video
 
 import av  # noqa: E402
@@ -128,6 +127,8 @@ def test_anamorphic_frames_have_the_display_aspect(tmp_path):
 
 
 def test_display_size_stretches_the_short_side():
+    from paravt.video.sampling import display_size
+
     assert display_size(720, 576, Fraction(64, 45)) == (1024, 576)  # PAL 16:9
     assert display_size(720, 480, Fraction(8, 9)) == (720, 540)  # NTSC 4:3: taller, never narrower
     assert display_size(720, 576, None) == display_size(720, 576, Fraction(0, 1)) == (720, 576)  # unknown: square
