@@ -651,8 +651,16 @@ def test_a_resume_after_the_data_changed_reruns_the_changed_samples(split, tmp_p
     assert run_eval(load_benchmark("synthvt", data).samples, make_backend(), CFG, out)["inputs_changed"] == 0
 
 
-def test_two_runs_on_one_out_folder_are_refused(samples, tmp_path):
+def test_two_runs_on_one_out_folder_are_refused(samples, split, tmp_path, monkeypatch):
+    """The second run is refused, and `paravt eval` refuses it before the model loads (minutes at 8B)."""
+    from typer.testing import CliRunner
+
+    import paravt.eval.commands as commands
+    from paravt.cli import app
     from paravt.eval.run_dir import RunDirBusy
+
+    loads = []
+    monkeypatch.setattr(commands, "make_backends", lambda *a, **k: loads.append(1) or make_backend())
 
     out = tmp_path / "r"
     out.mkdir()
@@ -664,8 +672,16 @@ def test_two_runs_on_one_out_folder_are_refused(samples, tmp_path):
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(RunDirBusy, match=f"in use by another paravt eval \\(pid {holder.pid}\\)"):
             run_eval(samples[:2], make_backend(), CFG, out)
+        r = CliRunner().invoke(app, ["eval", "--bench", "synthvt", "--data", str(split), "--out", str(out),
+                                     "--frames", "4", "--max-turns", "2", "--max-new-tokens", "64", "--limit", "2"])
+        assert r.exit_code == 2 and "in use by another paravt eval" in r.output and not loads, r.output
     finally:
         holder.kill()
         holder.wait()
     assert not (out / "results.jsonl").exists() or not (out / "results.jsonl").read_text()
     assert run_eval(samples[:2], make_backend(), CFG, out)["n"] == 2  # free again
+    for _ in range(2):  # a folder a finished run left its lock file in: taken early, then by the run, then freed
+        r = CliRunner().invoke(app, ["eval", "--bench", "synthvt", "--data", str(split), "--out", str(tmp_path / "r2"),
+                                     "--frames", "4", "--max-turns", "2", "--max-new-tokens", "64", "--limit", "2"])
+        assert r.exit_code == 0, r.output
+    assert loads == [1, 1] and (tmp_path / "r2" / ".lock").exists()

@@ -76,13 +76,15 @@ def eval_command(*, bench: str, data: str, videos: str | None, model: str | None
     Returns the summary; exits 1 (typer.Exit) when the run failed (see run_failed): the rows
     written stay, and a rerun retries the failed samples."""
     import asyncio
+    from contextlib import nullcontext
+    from pathlib import Path
 
     from rich.console import Console
 
     from paravt.backends.base import BackendError
     from paravt.eval.benchmarks import BenchmarkError, load_benchmark
     from paravt.eval.metrics import endpoint_lines, score_line, summary_tables
-    from paravt.eval.run_dir import RunDirBusy
+    from paravt.eval.run_dir import LOCK, RunDirBusy, RunLock
     from paravt.eval.runner import EvalAborted, ManifestMismatch, OutputError, eval_config, run_eval_async
     from paravt.models import ModelLoadError
     from paravt.rewards import RewardConfig
@@ -112,20 +114,23 @@ def eval_command(*, bench: str, data: str, videos: str | None, model: str | None
             console.print(f"[yellow]{n} row(s) kept as the official scoring keeps them: {reason}[/yellow]")
         if not loaded.samples:
             raise BenchmarkError(f"no {bench} sample has its video: point --videos at the video directory")
-        backend = make_backends(model, endpoints, api_key, served_model, image_format, console, timeout_s)
-        model_id = model or endpoints or "default"
+        # a folder another eval is writing is refused before the model loads (minutes at 8B); held
+        # until the run (which takes the same per-process lock) is over
+        with RunLock(out) if (Path(out) / LOCK).exists() else nullcontext():
+            backend = make_backends(model, endpoints, api_key, served_model, image_format, console, timeout_s)
+            model_id = model or endpoints or "default"
 
-        async def go() -> dict:
-            try:
-                return await run_eval_async(
-                    loaded.samples, backend, cfg, out, concurrency=concurrency, limit=limit, progress=progress,
-                    model=model_id, force=force, missing=loaded.missing, retry_errors=retry_errors,
-                    reward_cfg=reward_cfg, keep_token_ids=keep_token_ids, sample_timeout_s=sample_timeout_s,
-                    manifest={"info": {"endpoints": endpoints, "data": str(data), "videos": videos}})
-            finally:
-                await backend.aclose()
+            async def go() -> dict:
+                try:
+                    return await run_eval_async(
+                        loaded.samples, backend, cfg, out, concurrency=concurrency, limit=limit, progress=progress,
+                        model=model_id, force=force, missing=loaded.missing, retry_errors=retry_errors,
+                        reward_cfg=reward_cfg, keep_token_ids=keep_token_ids, sample_timeout_s=sample_timeout_s,
+                        manifest={"info": {"endpoints": endpoints, "data": str(data), "videos": videos}})
+                finally:
+                    await backend.aclose()
 
-        summary = asyncio.run(go())
+            summary = asyncio.run(go())
     except KeyboardInterrupt:
         console.print(f"[yellow]interrupted: every finished sample is in {out}/results.jsonl; rerun the same "
                       "command to resume[/yellow]")
