@@ -61,12 +61,30 @@ def crop_result(w: Window) -> CallToolResult:
     return CallToolResult(content=content, structuredContent=w.info())
 
 
+class ParavtMCP(FastMCP):
+    """FastMCP whose argument errors are one line ("end_time: Field required") like every other tool
+    error, instead of pydantic's multi-line report."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]):
+        from mcp.server.fastmcp.exceptions import ToolError
+        from pydantic import ValidationError
+
+        try:
+            return await super().call_tool(name, arguments)
+        except ToolError as e:
+            if not isinstance(e.__cause__, ValidationError):
+                raise
+            why = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'arguments'}: {err['msg']}"
+                            for err in e.__cause__.errors())
+            raise ToolError(f"Error executing tool {name}: {why}") from None
+
+
 def build_server(settings: McpSettings, models: Models | None = None, *, host: str = "127.0.0.1",
                  port: int = 8765) -> FastMCP:
     """A FastMCP server whose tools run under `settings` (watch_window and ask_video on `models`'
     backend). Its own DNS-rebinding check is off: the HTTP transport runs behind paravt.webguard's
     (see `http_app`), the one rule of every paravt server."""
-    server = FastMCP("paravt", instructions=INSTRUCTIONS, host=host, port=port, log_level="WARNING",
+    server = ParavtMCP("paravt", instructions=INSTRUCTIONS, host=host, port=port, log_level="WARNING",
                      streamable_http_path=MCP_PATH,
                      transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
     models = models or Models(settings)
@@ -88,11 +106,8 @@ def build_server(settings: McpSettings, models: Models | None = None, *, host: s
     async def watch_window(video_path: VideoPath, start_time: Start, end_time: End,
                            question: Annotated[str, Field(description="What to look for (the question being "
                                                           "answered)")] = "") -> CallToolResult:
-        async def run() -> Window:
-            return await run_window(settings, video_path, start_time, end_time, question=question,
-                                    backend=await models.get())
-
-        w = await within(settings, "watch_window", run())
+        w = await within(settings, "watch_window", run_window(settings, video_path, start_time, end_time,
+                                                              question=question, models=models))
         return CallToolResult(content=[TextContent(type="text", text=window_text(w, "Summary of") + ":\n"
                                                    + (w.summary or ""))], structuredContent=w.info())
 

@@ -101,9 +101,11 @@ async def open_video(settings: McpSettings, video_path: str):
 
 
 async def run_window(settings: McpSettings, video_path: str, start_time: Any, end_time: Any, *,
-                     num_frames: int | None = None, question: str | None = None, backend=None) -> Window:
-    """One crop_video call run by the episode's own dispatch: inline (its frames returned) without a
-    backend, else by a sub-agent with a fresh context, which sees `question` as the episode's do."""
+                     num_frames: int | None = None, question: str | None = None,
+                     models: Models | None = None) -> Window:
+    """One crop_video call run by the episode's own dispatch: inline (its frames returned) without
+    `models`, else by a sub-agent with a fresh context on their backend, which sees `question` as the
+    episode's do. The path and the window are checked before any model is loaded."""
     from paravt.agent import dispatch_calls
 
     args: dict[str, Any] = {"start_time": start_time, "end_time": end_time}
@@ -111,11 +113,18 @@ async def run_window(settings: McpSettings, video_path: str, start_time: Any, en
         args["num_frames"] = num_frames
     call = P.ToolCall(P.TOOL_NAME, args)
     call.raw = call.to_text()
-    cfg = settings.episode_config(mode="inline" if backend is None else "parallel",
+    cfg = settings.episode_config(mode="inline" if models is None else "parallel",
                                   subagent_sees_question=bool(question))
     reader = await open_video(settings, video_path)
     t0 = time.perf_counter()
     try:
+        backend = None
+        if models is not None:
+            try:
+                P.crop_args(call, reader.duration)  # what dispatch checks first: a bad window loads no model
+            except P.ToolCallError as e:
+                raise ToolInputError(str(e)) from None
+            backend = await models.get()
         subs, responses = await dispatch_calls(backend, reader, P.Turn(text=call.raw, calls=[call]), 0, cfg,
                                                question or "", lambda: time.perf_counter() - t0, lambda n, p: None)
     finally:
