@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from paravt.backends.base import ImagePart, Message, RequestRejected, TextPart
+from paravt.messages import ImagePart, Message, RequestRejected, TextPart
 
 
 @dataclass

@@ -18,7 +18,8 @@ from paravt.agent.config import EpisodeConfig, EventHook
 from paravt.agent.dispatch import dispatch_calls
 from paravt.agent.messages import build_final_message, build_main_messages, build_tool_response_messages
 from paravt.agent.record import Episode, MainTurn, record_call, substitutes
-from paravt.backends.base import Backend, BackendError, GenerateRequest, Message
+from paravt.backends.base import Backend, BackendError, GenerateRequest
+from paravt.messages import Message
 from paravt.video import VideoReader
 
 

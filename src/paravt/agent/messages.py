@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from paravt import protocol as P
-from paravt.backends.base import ImagePart, Message, TextPart, strip_chat_tokens
+from paravt.messages import ImagePart, Message, TextPart, strip_chat_tokens
 from paravt.video import Frame
 
 def frame_parts(frames: list[Frame], timestamps: bool = True, after: list[str] | None = None) -> list:

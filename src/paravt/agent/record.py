@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 
 from paravt.agent.config import EpisodeConfig
-from paravt.backends.base import Completion, ImagePart, Message, TextPart
+from paravt.backends.base import Completion
+from paravt.messages import ImagePart, Message, TextPart
 from paravt.video import Frame
 
 @dataclass

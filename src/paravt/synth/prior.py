@@ -21,7 +21,7 @@ from __future__ import annotations
 from paravt import protocol as P
 from paravt.agent import (EpisodeConfig, build_final_message, build_main_messages, build_subagent_messages,
                           build_tool_response_messages, tool_response_parts)
-from paravt.backends.base import Message
+from paravt.messages import Message
 from paravt.synth.oracle import Trajectory, _frames, answer_text, conversation_rows
 from paravt.synth.questions import Question
 

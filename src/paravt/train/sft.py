@@ -136,7 +136,7 @@ def row_messages(row: dict, reader, max_frames: int = 64) -> list:
     """The row as backend Messages with decoded frames (each frame keeps its timestamp text
     exactly as the row wrote it; a `<video>` placeholder becomes timestamped overview frames)."""
     from paravt.agent import frame_parts
-    from paravt.backends.base import ImagePart, Message, TextPart
+    from paravt.messages import ImagePart, Message, TextPart
 
     times = [float(p["time"]) for m in row["messages"] for p in _parts(m["content"]) if p.get("type") == "frame"]
     frames = iter(reader.frames_at(times) if times else [])
@@ -168,7 +168,7 @@ def encode_messages(messages: list, renderer) -> TrainSequence:
     """Ids, assistant-only mask and frames of a conversation, rendered segment by segment with the
     backend's Renderer. An assistant turn is inserted as ids (prefix + target + <|im_end|>), the
     way the episode inserts a generated turn into the next context."""
-    from paravt.backends.base import Message
+    from paravt.messages import Message
 
     ids: list[int] = []
     mask: list[int] = []
