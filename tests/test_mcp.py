@@ -255,6 +255,7 @@ def test_write_script_and_client_config(media, tmp_path):
     cfg = client_config(s)["mcpServers"]["paravt"]
     assert cfg["command"] == sys.executable
     assert cfg["args"][:3] == ["-m", "paravt", "mcp"] and "--media-root" in cfg["args"] and "k3y" not in cfg["args"]
+    assert cfg["env"] == {"PARAVT_API_KEY": "k3y"}
     r = subprocess.run([sys.executable, "-m", "paravt", "mcp", "--media-root", str(media["root"]), "--print-config"],
                        capture_output=True, text=True, timeout=60)
     assert json.loads(r.stdout)["mcpServers"]["paravt"]["args"][-1] == str(media["root"])

@@ -11,7 +11,9 @@ import base64
 import io
 import os
 import sys
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Callable, Literal, Optional
+
+import numpy as np
 
 from mcp.server.fastmcp import FastMCP
 from mcp.server.transport_security import TransportSecuritySettings
@@ -36,7 +38,7 @@ Start = Annotated[float, Field(description="Start time in seconds")]
 End = Annotated[float, Field(description="End time in seconds, must be > start_time")]
 
 
-def png(image) -> str:
+def png(image: "np.ndarray") -> str:
     """A frame (HxWx3 uint8) as base64 PNG: lossless, and the type lmms-eval labels every image as."""
     from PIL import Image
 
@@ -65,7 +67,7 @@ class ParavtMCP(FastMCP):
     """FastMCP whose argument errors are one line ("end_time: Field required") like every other tool
     error, instead of pydantic's multi-line report."""
 
-    async def call_tool(self, name: str, arguments: dict[str, Any]):
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
         from mcp.server.fastmcp.exceptions import ToolError
         from pydantic import ValidationError
 
@@ -135,7 +137,7 @@ def build_server(settings: McpSettings, models: Models | None = None, *, host: s
     return server
 
 
-def http_app(server: FastMCP, loopback_only: bool = True, allowed_origins: tuple[str, ...] = ()):
+def http_app(server: FastMCP, loopback_only: bool = True, allowed_origins: tuple[str, ...] = ()) -> Callable:
     """The streamable HTTP app behind paravt.webguard's checks, as `paravt serve` and `paravt app`: a
     Host that is not a loopback name (DNS rebinding), a foreign Origin, a POST to /mcp that is not
     JSON are refused before the MCP SDK sees them."""

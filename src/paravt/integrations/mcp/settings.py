@@ -45,7 +45,7 @@ class McpSettings:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if not 1 <= self.max_frames:
+        if self.max_frames < 1:
             raise ValueError(f"max_frames must be >= 1, got {self.max_frames}")
         if not 1 <= self.frames <= self.max_frames:
             raise ValueError(f"frames must be from 1 to max_frames ({self.max_frames}), got {self.frames}")
@@ -181,4 +181,7 @@ def client_config(settings: McpSettings, name: str = "paravt") -> dict[str, Any]
             args += [flag, str(value)]
     if settings.allow_urls:
         args.append("--allow-urls")
-    return {"mcpServers": {name: {"command": sys.executable, "args": args}}}
+    entry: dict[str, Any] = {"command": sys.executable, "args": args}
+    if settings.api_key:  # the environment, not the command line (which `ps` shows)
+        entry["env"] = {"PARAVT_API_KEY": settings.api_key}
+    return {"mcpServers": {name: entry}}
