@@ -65,6 +65,28 @@ def run_failed(summary: dict, max_error_rate: float) -> str | None:
     return None
 
 
+def _print_summary(console, summary: dict, title: str, out: str) -> None:
+    from paravt.eval.metrics import endpoint_lines, score_line, summary_tables
+
+    for t in summary_tables(summary, title):
+        console.print(t)
+    console.print(score_line(summary), style="bold", markup=False, highlight=False)
+    for line in endpoint_lines(summary):
+        console.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"[dim]{out}/results.jsonl, summary.json, summary.md[/dim]")
+    for line in error_report(summary):
+        console.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
+
+
+def _check_run_args(concurrency: int, limit: int | None, max_error_rate: float) -> None:
+    if concurrency < 1:
+        raise ValueError(f"--concurrency must be >= 1, got {concurrency}")
+    if limit is not None and limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {limit}" + (" (0 evaluates nothing)" if limit == 0 else ""))
+    if not 0 <= max_error_rate <= 1:
+        raise ValueError(f"--max-error-rate must be a fraction from 0 to 1, got {max_error_rate}")
+
+
 def eval_command(*, bench: str, data: str, videos: str | None, model: str | None, endpoints: str | None, mode: str,
                  out: str, limit: int | None, concurrency: int, frames: int, max_turns: int, max_parallel: int,
                  max_new_tokens: int, api_key: str | None, force: bool, retry_errors: bool = True,
@@ -83,7 +105,6 @@ def eval_command(*, bench: str, data: str, videos: str | None, model: str | None
 
     from paravt.backends.base import BackendError
     from paravt.eval.benchmarks import BenchmarkError, load_benchmark
-    from paravt.eval.metrics import endpoint_lines, score_line, summary_tables
     from paravt.eval.run_dir import LOCK, RunDirBusy, RunLock
     from paravt.eval.runner import EvalAborted, ManifestMismatch, OutputError, eval_config, run_eval_async
     from paravt.models import ModelLoadError
@@ -96,12 +117,7 @@ def eval_command(*, bench: str, data: str, videos: str | None, model: str | None
                           max_new_tokens=max_new_tokens, prompts=prompts, model_timeout_s=timeout_s,
                           final_turn_think=final_turn_think, think_prefix=think_prefix)
         reward_cfg = RewardConfig(oe_metric=oe_metric)
-        if concurrency < 1:
-            raise ValueError(f"--concurrency must be >= 1, got {concurrency}")
-        if limit is not None and limit < 1:
-            raise ValueError(f"--limit must be >= 1, got {limit}" + (" (0 evaluates nothing)" if limit == 0 else ""))
-        if not 0 <= max_error_rate <= 1:
-            raise ValueError(f"--max-error-rate must be a fraction from 0 to 1, got {max_error_rate}")
+        _check_run_args(concurrency, limit, max_error_rate)
         loaded = load_benchmark(bench, data, videos)
         console.print(f"[bold]{bench}[/bold]: {len(loaded.samples)} samples with their video")
         if loaded.missing:
@@ -138,14 +154,7 @@ def eval_command(*, bench: str, data: str, videos: str | None, model: str | None
     except (BenchmarkError, ManifestMismatch, EvalAborted, OutputError, ModelLoadError, BackendError, ValueError,
             RunDirBusy) as e:
         _fail(str(e))  # OutputError: "<path>: <cause>"; every row written so far is kept
-    for t in summary_tables(summary, f"{bench} · {mode} · {out}"):
-        console.print(t)
-    console.print(score_line(summary), style="bold", markup=False, highlight=False)
-    for line in endpoint_lines(summary):
-        console.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
-    console.print(f"[dim]{out}/results.jsonl, summary.json, summary.md[/dim]")
-    for line in error_report(summary):
-        console.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
+    _print_summary(console, summary, f"{bench} · {mode} · {out}", out)
     failed = run_failed(summary, max_error_rate)
     if failed:
         _fail(f"{failed}; the rows are in {out}/results.jsonl (rerun the same command to retry the failed "

@@ -95,8 +95,6 @@ def check_kind_weights(weights: dict[str, float], kinds: tuple[str, ...]) -> Non
         raise ValueError(f"kind weights name kinds that are not asked: {sorted(unasked)}")
 
 
-# ~130 lines: one table of the question kinds (a few lines each) in the order they draw from `rng`,
-# which fixed seeds depend on.
 def make_questions(spec: VideoSpec, video_id: str, rng: np.random.Generator, per_video: int = 5,
                    overview_times: dict[int, list[float]] | None = None,
                    kinds: tuple[str, ...] = (), control: str = "mcq",
@@ -113,10 +111,14 @@ def make_questions(spec: VideoSpec, video_id: str, rng: np.random.Generator, per
     `overview_times` (K -> real overview timestamps) lets the "most common background" control
     be asked only when every overview's frame majority shows it; otherwise the control asks
     for the background at the start, which the first overview frame shows at every K the
-    video was made for (render.CONTROL_MIN_K)."""
+    video was made for (render.CONTROL_MIN_K). The draws from `rng` come in a fixed order (the
+    pick, then its options, question by question, then the control), which fixed seeds depend on."""
     if per_video < 1:
         raise ValueError(f"per_video must be >= 1, got {per_video}")
+    check_kinds(kinds)
+    check_control(control)
     ev = spec.events
+    cands = _candidates(ev, kinds, pair_gap)
     qs: list[Question] = []
 
     def add(kind, qtype, text, answer, *, options=(), answer_text="", idx=(), evidence=None, needs_event=True):
@@ -126,6 +128,22 @@ def make_questions(spec: VideoSpec, video_id: str, rng: np.random.Generator, per
                            question=text + ("\n" + "\n".join(options) if options else ""), answer=answer,
                            answer_text=answer_text or answer, options=list(options), events=idx,
                            evidence=[list(map(float, s)) for s in spans], needs_event=needs_event))
+
+    for _ in range(per_video - 1):
+        picked = _pick(rng, cands, kind_weights, ev) if kind_weights else _pick_by_type(rng, cands)
+        if picked is None:
+            break
+        kind, idx = picked
+        qtype, text, answer, extra = _event_question(rng, kind, [ev[i] for i in idx])
+        add(kind, qtype, text, answer, idx=idx, **extra)
+    kind, qtype, text, answer, extra = _control_question(spec, rng, overview_times, control)
+    add(kind, qtype, text, answer, needs_event=False, **extra)
+    return qs
+
+
+def _candidates(ev: list[Event], kinds: tuple[str, ...], pair_gap: float) -> dict[str, list[tuple[str, tuple]]]:
+    """Each question type's (kind, event indices) a video can be asked, restricted to `kinds`
+    (default: DEFAULT_KINDS): a colour question only for a shape shown once, and so on."""
 
     def unique(attr: str, i: int) -> bool:
         return sum(getattr(x, attr) == getattr(ev[i], attr) for x in ev) == 1
@@ -146,72 +164,68 @@ def make_questions(spec: VideoSpec, video_id: str, rng: np.random.Generator, per
     for i in range(len(ev)):
         for j in range(i + 1, len(ev)):
             cands["mcq"].append(("order", (i, j)))
-    check_kinds(kinds)
     if set(kinds) & set(MULTI_KINDS):
         cands["oe"] += _multi_candidates(ev, kinds, pair_gap)
-    # a smaller task: only these event-question kinds (the control is always asked)
-    allowed = kinds or DEFAULT_KINDS
-    cands = {t: [c for c in cs if c[0] in allowed] for t, cs in cands.items()}
+    allowed = kinds or DEFAULT_KINDS  # a smaller task: only these event-question kinds (the control is always asked)
+    return {t: [c for c in cs if c[0] in allowed] for t, cs in cands.items()}
 
-    for _ in range(per_video - 1):
-        picked = _pick(rng, cands, kind_weights, ev) if kind_weights else _pick_by_type(rng, cands)
-        if picked is None:
-            break
-        kind, idx = picked
-        e: Event = ev[idx[0]]
-        if kind == "colour":
-            opts, ans = _options(rng, e.colour, list(COLOURS))
-            add(kind, "mcq", f"What colour was the {e.shape} that appeared in the video?", ans, options=opts,
-                answer_text=e.colour, idx=idx)
-        elif kind == "shape":
-            opts, ans = _options(rng, e.shape, list(SHAPES))
-            add(kind, "mcq", f"Which shape appeared in {e.colour}?", ans, options=opts, answer_text=e.shape, idx=idx)
-        elif kind == "count":
-            n = len(idx)
-            pool = [str(k) for k in range(1, 5)] if n <= 4 else [str(k) for k in range(n - 3, n + 1)]
-            opts, ans = _options(rng, str(n), pool)
-            add(kind, "mcq", f"How many {e.colour} shapes appeared in the video?", ans, options=opts,
-                answer_text=str(n), idx=idx)
-        elif kind == "order":
-            a, b = (ev[i] for i in idx)
-            pair = [f"the {a.name}", f"the {b.name}"]
-            if rng.random() < 0.5:
-                pair.reverse()
-            first = f"the {min((a, b), key=lambda x: x.start).name}"
-            opts, ans = _options(rng, first, [pair[0], pair[1], "both at the same time", "neither appeared"])
-            add(kind, "mcq", f"Which appeared first, {pair[0]} or {pair[1]}?", ans, options=opts, answer_text=first,
-                idx=idx)
-        elif kind == "when":
-            add(kind, "tvg", f"When does the {e.name} appear?", f"[{e.start:g}, {e.end:g}]", idx=idx)
-        elif kind == "name":
-            add(kind, "oe", f"What coloured shape appeared at the {e.position} of the frame? Answer with its colour "
-                "and shape.", e.name, idx=idx)
-        elif kind == "colour_oe":
-            add(kind, "oe", f"What colour was the {e.shape}? Answer with one word.", e.colour, idx=idx)
-        elif kind == "shape_oe":
-            add(kind, "oe", f"What shape appeared in {e.colour}? Answer with one word.", e.shape, idx=idx)
-        elif kind == "order_oe":
-            shapes = [ev[i].shape for i in idx]
-            if rng.random() < 0.5:
-                shapes.reverse()
-            first = min((ev[i] for i in idx), key=lambda x: x.start).shape
-            add(kind, "oe", f"Which shape appeared first, the {shapes[0]} or the {shapes[1]}? Answer with one word.",
-                first, idx=idx)
-        elif kind == "count_oe":
-            add(kind, "oe", f"How many {e.colour} shapes appeared in the video? Answer with a number.", str(len(idx)),
-                idx=idx)
-        elif kind == "compare_oe":
-            a, b = (ev[i] for i in idx)
-            pair = [a.shape, b.shape]
-            if rng.random() < 0.5:
-                pair.reverse()
-            add(kind, "oe", f"Were the {pair[0]} and the {pair[1]} the same colour? Answer yes or no.",
-                "yes" if a.colour == b.colour else "no", idx=idx)
 
+def _event_question(rng: np.random.Generator, kind: str, es: list[Event]) -> tuple[str, str, str, dict]:
+    """(question type, text, answer, options/answer_text) of one question of `kind` about events `es`."""
+    e = es[0]
+    if kind == "colour":
+        opts, ans = _options(rng, e.colour, list(COLOURS))
+        return "mcq", f"What colour was the {e.shape} that appeared in the video?", ans, \
+            {"options": opts, "answer_text": e.colour}
+    if kind == "shape":
+        opts, ans = _options(rng, e.shape, list(SHAPES))
+        return "mcq", f"Which shape appeared in {e.colour}?", ans, {"options": opts, "answer_text": e.shape}
+    if kind == "count":
+        n = len(es)
+        pool = [str(k) for k in range(1, 5)] if n <= 4 else [str(k) for k in range(n - 3, n + 1)]
+        opts, ans = _options(rng, str(n), pool)
+        return "mcq", f"How many {e.colour} shapes appeared in the video?", ans, {"options": opts, "answer_text": str(n)}
+    if kind == "order":
+        a, b = es
+        pair = [f"the {a.name}", f"the {b.name}"]
+        if rng.random() < 0.5:
+            pair.reverse()
+        first = f"the {min((a, b), key=lambda x: x.start).name}"
+        opts, ans = _options(rng, first, [pair[0], pair[1], "both at the same time", "neither appeared"])
+        return "mcq", f"Which appeared first, {pair[0]} or {pair[1]}?", ans, {"options": opts, "answer_text": first}
+    if kind == "when":
+        return "tvg", f"When does the {e.name} appear?", f"[{e.start:g}, {e.end:g}]", {}
+    if kind == "name":
+        return "oe", (f"What coloured shape appeared at the {e.position} of the frame? Answer with its colour "
+                      "and shape."), e.name, {}
+    if kind == "colour_oe":
+        return "oe", f"What colour was the {e.shape}? Answer with one word.", e.colour, {}
+    if kind == "shape_oe":
+        return "oe", f"What shape appeared in {e.colour}? Answer with one word.", e.shape, {}
+    if kind == "order_oe":
+        shapes = [x.shape for x in es]
+        if rng.random() < 0.5:
+            shapes.reverse()
+        first = min(es, key=lambda x: x.start).shape
+        return "oe", f"Which shape appeared first, the {shapes[0]} or the {shapes[1]}? Answer with one word.", first, {}
+    if kind == "count_oe":
+        return "oe", f"How many {e.colour} shapes appeared in the video? Answer with a number.", str(len(es)), {}
+    if kind == "compare_oe":
+        a, b = es
+        pair = [a.shape, b.shape]
+        if rng.random() < 0.5:
+            pair.reverse()
+        return "oe", f"Were the {pair[0]} and the {pair[1]} the same colour? Answer yes or no.", \
+            "yes" if a.colour == b.colour else "no", {}
+    raise ValueError(f"unknown question kind {kind!r}")
+
+
+def _control_question(spec: VideoSpec, rng: np.random.Generator, overview_times: dict[int, list[float]] | None,
+                      control: str) -> tuple[str, str, str, str, dict]:
+    """The control question (make_questions' docstring): (kind, type, text, answer, evidence/options)."""
     major = majority_background(spec)
     major_ok = overview_times is not None and len({s.colour for s in spec.scenes}) > 1 and all(
         _plurality([spec.scene_at(t).colour for t in times]) == major for times in overview_times.values())
-    check_control(control)
     if major_ok and rng.random() < 0.5:
         kind, colour, text = "background_major", major, "Which background colour is shown for most of the video?"
         spans = [[s.start, s.end] for s in spec.scenes if s.colour == major]
@@ -220,11 +234,9 @@ def make_questions(spec: VideoSpec, video_id: str, rng: np.random.Generator, per
         kind, colour, text = "background", first.colour, "What is the background colour at the very start of the video?"
         spans = [[first.start, first.end]]
     if control == "oe":
-        add(kind, "oe", text + " Answer with the colour's name.", colour, evidence=spans, needs_event=False)
-    else:
-        opts, ans = _options(rng, colour, list(BACKGROUNDS))
-        add(kind, "mcq", text, ans, options=opts, answer_text=colour, evidence=spans, needs_event=False)
-    return qs
+        return kind, "oe", text + " Answer with the colour's name.", colour, {"evidence": spans}
+    opts, ans = _options(rng, colour, list(BACKGROUNDS))
+    return kind, "mcq", text, ans, {"options": opts, "answer_text": colour, "evidence": spans}
 
 
 def _multi_candidates(ev: list[Event], kinds: tuple[str, ...], pair_gap: float) -> list[tuple[str, tuple]]:

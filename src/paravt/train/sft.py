@@ -311,14 +311,67 @@ def train_sft(cfg: SFTConfig, console=None) -> dict:
         return _train_sft(cfg, console)
 
 
+def _usable_rows(cfg: SFTConfig, console) -> list[dict]:
+    """The data's rows, less those with more frames than `max_frames` (said); none left is an error."""
+    rows = load_rows(cfg)
+    too_big = {i for i, r in enumerate(rows) if row_frame_count(r, cfg.max_frames) > cfg.max_frames}
+    if too_big:
+        console.print(f"[yellow]skipping {len(too_big)} rows with more than {cfg.max_frames} frames[/yellow]")
+        rows = [r for i, r in enumerate(rows) if i not in too_big]
+    if not rows:
+        raise ConfigError(f"{cfg.data} holds no usable rows")
+    return rows
+
+
+def _start_run(cfg: SFTConfig, engine, console):
+    """Claim OUT, load the policy (from OUT's checkpoint when resuming) and its optimizer: returns
+    (model, its unwrapped module, processor, trained params, optimizer, scheduler, step)."""
+    import json
+
+    import torch
+
+    from paravt.train.checkpoint import claim_run_dir, find_checkpoint, load_policy, make_optimizer, restore_optimizer
+
+    out = Path(cfg.out)
+    claim_run_dir(out, "sft", engine.main)  # refuses a folder that is not a run before anything is written
+    resumed_from = find_checkpoint(out)  # checkpoint, or what a crash mid-save left
+    torch.manual_seed(cfg.seed)
+    model, processor = load_policy(str(resumed_from) if resumed_from else cfg.model, seed=cfg.seed,
+                                   tiny_size=cfg.tiny_size, device=str(engine.device), dtype=cfg.dtype)
+    if cfg.freeze_vision:
+        model.model.visual.requires_grad_(False)
+    model.train()
+    model = engine.prepare(model)
+    base = engine.unwrap(model)
+    params, opt, sched = make_optimizer(base, cfg, cfg.freeze_vision)
+    step = 0
+    if resumed_from is not None:
+        step = restore_optimizer(out, opt, sched, engine=engine, model=model)
+        console.print(f"[dim]resuming from {resumed_from} at step {step}[/dim]")
+    if engine.main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
+    return model, base, processor, params, opt, sched, step
+
+
+def _save(cfg: SFTConfig, engine, model, processor, opt, sched, step: int) -> None:
+    from paravt.train.checkpoint import prune_snapshots, save_checkpoint
+
+    out = Path(cfg.out)
+    save_checkpoint(out, model, processor,
+                    {"scheduler": sched.state_dict(), "step": step, "config": to_dict(cfg), "kind": "sft"},
+                    keep_as=f"step_{step:06d}" if cfg.keep_checkpoints else None, engine=engine, optimizer=opt)
+    if engine.main:
+        prune_snapshots(out, cfg.keep_checkpoints)
+
+
 def _train_sft(cfg: SFTConfig, console=None) -> dict:
     import torch
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from paravt.chat import Renderer
-    from paravt.train.checkpoint import (claim_run_dir, diverged, find_checkpoint, load_policy, make_optimizer,
-                                         prune_snapshots, restore_optimizer, save_checkpoint)
+    from paravt.train.checkpoint import diverged
     from paravt.train.logging import RunLogger
     from paravt.train.sequences import plan_micro_batches, token_logprobs
 
@@ -328,38 +381,10 @@ def _train_sft(cfg: SFTConfig, console=None) -> dict:
     if cfg.batch_size % world:
         raise ConfigError(f"batch_size {cfg.batch_size} must be a multiple of the {world} processes")
     out = Path(cfg.out)
-    rows = load_rows(cfg)
+    rows = _usable_rows(cfg, console)
     root = Path(cfg.video_root) if cfg.video_root else Path(cfg.data).parent
-    too_big = [i for i, r in enumerate(rows) if row_frame_count(r, cfg.max_frames) > cfg.max_frames]
-    if too_big:
-        console.print(f"[yellow]skipping {len(too_big)} rows with more than {cfg.max_frames} frames[/yellow]")
-        rows = [r for i, r in enumerate(rows) if i not in set(too_big)]
-    if not rows:
-        raise ConfigError(f"{cfg.data} holds no usable rows")
-
-    claim_run_dir(out, "sft", engine.main)  # refuses a folder that is not a run before anything is written
-    resumed_from = find_checkpoint(out)  # checkpoint, or what a crash mid-save left
-    resume = resumed_from is not None
-    torch.manual_seed(cfg.seed)
-    source = str(resumed_from) if resume else cfg.model
-    model, processor = load_policy(source, seed=cfg.seed, tiny_size=cfg.tiny_size, device=str(engine.device),
-                                   dtype=cfg.dtype)
+    model, base, processor, params, opt, sched, step = _start_run(cfg, engine, console)
     renderer = Renderer(processor)
-    if cfg.freeze_vision:
-        model.model.visual.requires_grad_(False)
-    model.train()
-    model = engine.prepare(model)
-    base = engine.unwrap(model)
-    params, opt, sched = make_optimizer(base, cfg, cfg.freeze_vision)
-    step = 0
-    if resume:
-        step = restore_optimizer(out, opt, sched, engine=engine, model=model)
-        console.print(f"[dim]resuming from {resumed_from} at step {step}[/dim]")
-    if engine.main:
-        out.mkdir(parents=True, exist_ok=True)
-        import json
-
-        (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
     log = RunLogger(out, "sft", resume_step=step, enabled=engine.main)
     readers = _Readers()
     per_rank = cfg.batch_size // world
@@ -411,13 +436,7 @@ def _train_sft(cfg: SFTConfig, console=None) -> dict:
                     log.log(step, {k: v for k, v in last.items() if k != "step"})
                 progress.update(task, completed=step, info=f"loss {total:.3f}")
                 if step % cfg.save_every == 0 or step == end:
-                    save_checkpoint(out, model, processor,
-                                    {"scheduler": sched.state_dict(), "step": step, "config": to_dict(cfg),
-                                     "kind": "sft"},
-                                    keep_as=f"step_{step:06d}" if cfg.keep_checkpoints else None,
-                                    engine=engine, optimizer=opt)
-                    if engine.main:
-                        prune_snapshots(out, cfg.keep_checkpoints)
+                    _save(cfg, engine, model, processor, opt, sched, step)
     finally:
         readers.close()
         log.close()
