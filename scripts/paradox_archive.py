@@ -25,7 +25,7 @@ import tarfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from paradox import read_jsonl  # noqa: E402  (scripts/paradox.py: the reader that skips a half-written line)
+from paradox_read import read_jsonl  # noqa: E402  (the reader that skips a half-written line)
 
 ROOT = Path(__file__).resolve().parents[1]
 STORE = ROOT / "docs" / "paradox_runs"

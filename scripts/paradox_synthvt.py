@@ -1,7 +1,7 @@
 """The earlier paradox experiment on SynthVT-mini and -hard (docs/paradox_mini.md, docs/tiny_model.md),
 kept to reproduce those runs; the Table 2 campaign on the paradox testbed is scripts/paradox.py.
 
-From one SFT checkpoint, five RL runs with the same budget (SPEC §5 Table 2 analogue):
+From one SFT checkpoint, five RL runs with the same budget (the paper's Table 2, arXiv 2605.20342, in miniature):
 vanilla GRPO, PARA-GRPO with token anchoring, PARA-GRPO with sequence anchoring, anchoring
 only, gating only. Then every final model (and the SFT start) is evaluated on held-out
 SynthVT-mini test videos at K overview frames x dispatch modes. Writes per-step fτ/κ plots,
@@ -24,8 +24,11 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from paravt.synth.oracle import stated_answer
-from paradox import read_jsonl, run, smooth  # scripts/paradox.py, beside this file
+sys.path.insert(0, str(Path(__file__).parent))  # the paradox modules beside this file
+from paradox_campaign import run  # noqa: E402
+from paradox_page import smooth  # noqa: E402
+from paradox_read import read_jsonl  # noqa: E402
+from paravt.synth.oracle import stated_answer  # noqa: E402
 
 # overrides of src/paravt/configs/grpo_tiny.yaml (PARA-GRPO with token anchoring). The vanilla baseline is
 # the release's: no nFrames gating, no anchoring, and its format prompt without the think prefix and the
@@ -86,12 +89,22 @@ def eval_jobs(a, only: set[str] | None = None) -> list[tuple[list[str], Path, di
 
 
 def plot(a) -> None:
+    """The two figures and the report page (--doc-name under --docs), from whatever runs and cells exist."""
+    a.docs.mkdir(parents=True, exist_ok=True)
+    rl_rows, windows = plot_curves(a)
+    grid = plot_grid(a)
+    lines = [*run_lines(a, rl_rows), *window_lines(windows), *accuracy_lines(a, grid), *colour_lines(a, grid)]
+    (a.docs / a.doc_name).write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def plot_curves(a) -> tuple[list[tuple], list[tuple[str, list[dict]]]]:
+    """paradox_rl.png, per-step curves of each run; returns each run's first-vs-last-fifth row and its log."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    a.docs.mkdir(parents=True, exist_ok=True)
     # entropy and the KL to the reference tell a policy collapse apart from a policy choosing fewer calls
     keys = [("f_tau", "fτ (mean format reward)"), ("kappa", "κ (crop calls per rollout)"),
             ("accuracy", "rollout accuracy"), ("entropy", "policy entropy (nats/token)"),
@@ -120,6 +133,15 @@ def plot(a) -> None:
     fig.tight_layout()
     fig.savefig(a.docs / "paradox_rl.png", dpi=110)
     plt.close(fig)
+    return rl_rows, windows
+
+
+def plot_grid(a) -> dict[str, dict[tuple[str, int], dict]]:
+    """paradox_accuracy.png, test accuracy by K and dispatch mode; returns each model's cells' summaries."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
     grid: dict[str, dict[tuple[str, int], dict]] = {}
     for name in ["sft", *VARIANTS]:
@@ -143,7 +165,11 @@ def plot(a) -> None:
         fig.tight_layout()
         fig.savefig(a.docs / "paradox_accuracy.png", dpi=110)
         plt.close(fig)
+    return grid
 
+
+def run_lines(a, rl_rows: list[tuple]) -> list[str]:
+    """The page's head and its table of the RL runs, first against last fifth of the steps."""
     lines = [f"# The paradox on {a.title}", "", "Written by `scripts/paradox_synthvt.py`; numbers from its runs. "
              f"Every RL run starts from `{a.sft}` (config `{a.config}`); `--set`: {' '.join(a.set) or 'none'}. "
              "Discussion: [tiny_model.md](tiny_model.md).", "",
@@ -154,27 +180,38 @@ def plot(a) -> None:
              "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {LABELS[n]} | {s} | {f0:.3f} | {f1:.3f} | {k0:.2f} | {k1:.2f} | {_f(q0)} | {_f(q1)} | {a0:.3f} | {a1:.3f} |"
               for n, s, f0, f1, k0, k1, a0, a1, q0, q1 in rl_rows]
-    if windows:
-        longest = max(len(log) for _, log in windows)
-        width = max(1, longest // 10)
-        spans = [(lo, lo + width - 1) for lo in range(1, longest + 1, width)]
-        lines += ["", f"## Per {width}-step window", "",
-                  "Means over each window of steps: κ, fτ, rollout accuracy, policy entropy (nats per token) and",
-                  "KL to the reference; a rising entropy and KL mark a policy that diverges rather than one that",
-                  "chooses fewer calls.", "",
-                  "| run | metric | " + " | ".join(f"{lo}-{hi}" for lo, hi in spans) + " |",
-                  "|---|---|" + "---|" * len(spans)]
-        for name, log in windows:
-            for key, label, fmt in [("kappa", "κ", "{:.2f}"), ("f_tau", "fτ", "{:.2f}"), ("accuracy", "acc", "{:.2f}"),
-                                    ("entropy", "entropy", "{:.2f}"), ("kl", "KL", "{:.3f}")]:
-                cells = []
-                for lo, hi in spans:
-                    xs = [r.get(key, 0.0) for r in log if lo <= r["step"] <= hi]
-                    cells.append(fmt.format(sum(xs) / len(xs)) if xs else "-")
-                lines.append(f"| {LABELS[name]} | {label} | " + " | ".join(cells) + " |")
-    lines += ["", f"## Test accuracy (%), {a.limit} questions per cell (crops per episode in brackets)", "",
-              "| model | " + " | ".join(f"{mode} K={k}" for mode in a.modes for k in a.ks) + " |",
-              "|---|" + "---|" * (len(a.modes) * len(a.ks))]
+    return lines
+
+
+def window_lines(windows: list[tuple[str, list[dict]]]) -> list[str]:
+    """Each run's means over tenths of the longest run's steps."""
+    if not windows:
+        return []
+    longest = max(len(log) for _, log in windows)
+    width = max(1, longest // 10)
+    spans = [(lo, lo + width - 1) for lo in range(1, longest + 1, width)]
+    lines = ["", f"## Per {width}-step window", "",
+             "Means over each window of steps: κ, fτ, rollout accuracy, policy entropy (nats per token) and",
+             "KL to the reference; a rising entropy and KL mark a policy that diverges rather than one that",
+             "chooses fewer calls.", "",
+             "| run | metric | " + " | ".join(f"{lo}-{hi}" for lo, hi in spans) + " |",
+             "|---|---|" + "---|" * len(spans)]
+    for name, log in windows:
+        for key, label, fmt in [("kappa", "κ", "{:.2f}"), ("f_tau", "fτ", "{:.2f}"), ("accuracy", "acc", "{:.2f}"),
+                                ("entropy", "entropy", "{:.2f}"), ("kl", "KL", "{:.3f}")]:
+            cells = []
+            for lo, hi in spans:
+                xs = [r.get(key, 0.0) for r in log if lo <= r["step"] <= hi]
+                cells.append(fmt.format(sum(xs) / len(xs)) if xs else "-")
+            lines.append(f"| {LABELS[name]} | {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def accuracy_lines(a, grid: dict) -> list[str]:
+    """Test accuracy of every cell (crops per episode beside it), then by question kind where there are several."""
+    lines = ["", f"## Test accuracy (%), {a.limit} questions per cell (crops per episode in brackets)", "",
+             "| model | " + " | ".join(f"{mode} K={k}" for mode in a.modes for k in a.ks) + " |",
+             "|---|" + "---|" * (len(a.modes) * len(a.ks))]
     for name, cells in grid.items():
         vals = []
         for mode in a.modes:
@@ -182,9 +219,7 @@ def plot(a) -> None:
                 c = cells.get((mode, k))
                 vals.append("-" if c is None else f"{_acc(c):.1f} ({c.get('mean_tool_calls', 0):.1f})")
         lines.append(f"| {LABELS[name]} | " + " | ".join(vals) + " |")
-    header = ["| model | " + " | ".join(f"{mode} K={k}" for mode in a.modes for k in a.ks) + " |",
-              "|---|" + "---|" * (len(a.modes) * len(a.ks))]
-    tasks = sorted({t for cells in grid.values() for c in cells.values() for t in (c.get("by_task") or {})})
+    tasks = question_kinds(grid)
     if len(tasks) > 1:
         lines += ["", "## Accuracy (%) by question kind, parallel dispatch", "",
                   "| model | " + " | ".join(f"{t} K={k}" for t in tasks for k in a.ks) + " |",
@@ -196,6 +231,17 @@ def plot(a) -> None:
                     g = ((cells.get(("parallel", k)) or {}).get("by_task") or {}).get(t)
                     vals.append("-" if g is None else f"{g['score']:.0f} ({g['n']})")
             lines.append(f"| {LABELS[name]} | " + " | ".join(vals) + " |")
+    return lines
+
+
+def question_kinds(grid: dict) -> list[str]:
+    return sorted({t for cells in grid.values() for c in cells.values() for t in (c.get("by_task") or {})})
+
+
+def colour_lines(a, grid: dict) -> list[str]:
+    """The colour questions: how often the answer is right, and how often the colour the reasoning names is."""
+    header = ["| model | " + " | ".join(f"{mode} K={k}" for mode in a.modes for k in a.ks) + " |",
+              "|---|" + "---|" * (len(a.modes) * len(a.ks))]
     said, answered = [], []
     for name in grid:
         s_vals, a_vals = [], []
@@ -209,16 +255,14 @@ def plot(a) -> None:
                 a_vals.append(f"{100 * sum(r['score'] for r in colour) / len(colour):.0f}" if colour else "-")
         said.append(f"| {LABELS[name]} | " + " | ".join(s_vals) + " |")
         answered.append(f"| {LABELS[name]} | " + " | ".join(a_vals) + " |")
-    others = ("the by-kind table above has the others" if len(tasks) > 1
+    others = ("the by-kind table above has the others" if len(question_kinds(grid)) > 1
               else "the other questions of each cell are background-colour controls (chance 1 in 6)")
-    lines += ["", "## Colour questions: answer accuracy (%; chance 12.5 %)", "",
-              f"Colour questions only; {others}.", "", *header, *answered]
-    lines += ["", "## Colour named in the reasoning (%, of the cell's colour questions)", "",
-              "The final think of a colour question usually ends \"So the answer is: <colour>.\"; this is how often",
-              "that colour is the right one, whatever the <answer> tag says (perception and one copy; chance 12.5 %).", "",
-              *header, *said]
-    (a.docs / a.doc_name).write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    return ["", "## Colour questions: answer accuracy (%; chance 12.5 %)", "",
+            f"Colour questions only; {others}.", "", *header, *answered,
+            "", "## Colour named in the reasoning (%, of the cell's colour questions)", "",
+            "The final think of a colour question usually ends \"So the answer is: <colour>.\"; this is how often",
+            "that colour is the right one, whatever the <answer> tag says (perception and one copy; chance 12.5 %).", "",
+            *header, *said]
 
 
 def kappa_at_k(rollouts: list[dict], k: int, steps: int) -> tuple[float | None, float | None]:

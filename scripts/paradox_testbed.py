@@ -1,6 +1,6 @@
 """The Tool Prior Paradox's testbed, built and measured before any RL (docs/paradox.md).
 
-The paradox needs two preconditions (SPEC §3): a pretrained tool prior that competes with the
+The paradox needs two preconditions (the paper, arXiv 2605.20342): a pretrained tool prior that competes with the
 cold-started format, and a cold start that calls tools where they are not needed, on a task where
 skipping them is a shortcut at large K. This script makes them and measures them:
 
