@@ -15,7 +15,14 @@ messages. Here:
 It prints what lmms-eval logged per sample (its response string records each call and the text of its
 result) and checks that the calls ran through paravt's server.
 
-    .venv-lmms/bin/python scripts/lmms_eval_mcp.py [--out runs/lmms_eval_mcp] [--n 2]
+    .venv-lmms/bin/python scripts/lmms_eval_mcp.py [--out runs/lmms_eval_mcp] [--n 2] [--no-video]
+        [--server-python .venv/bin/python]
+
+--no-video: the task's message holds the path as text (the line lmms-eval writes after a video) instead of
+a video element; the default where qwen_vl_utils, which lmms-eval decodes a video element with, does not
+import (it needs torchvision: not in .venv-lmms on a CPU torch).
+--server-python: the server script runs under that Python (the written script re-executes itself
+under the interpreter that wrote it), e.g. paravt's own .venv beside lmms-eval's.
 """
 
 from __future__ import annotations
@@ -176,14 +183,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="runs/lmms_eval_mcp")
     ap.add_argument("--n", type=int, default=2)
+    ap.add_argument("--server-python", default=sys.executable, help="the Python with paravt[mcp] that writes the "
+                    "server script, and so runs it (default: this one)")
     ap.add_argument("--no-video", action="store_true", help="give the path as text only, not as a video element "
                     "(lmms-eval then decodes nothing client-side; it needs qwen_vl_utils to)")
     a = ap.parse_args()
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    media, include = make_task(out, a.n, not a.no_video)
+    with_video = not a.no_video
+    try:
+        import qwen_vl_utils  # noqa: F401  (what lmms-eval decodes a video element with)
+    except ImportError as e:
+        print(f"no video element: lmms-eval could not decode it here ({e}); the path goes as text", flush=True)
+        with_video = False
+    media, include = make_task(out, a.n, with_video)
     script = out / "paravt_mcp_server.py"
-    subprocess.run([sys.executable, "-m", "paravt", "mcp", "--media-root", str(media), "--frames", "4",
+    subprocess.run([a.server_python, "-m", "paravt", "mcp", "--media-root", str(media), "--frames", "4",
                     "--write-script", str(script)], check=True)
     log = out / "model_requests.jsonl"
     log.unlink(missing_ok=True)
@@ -191,8 +206,7 @@ def main() -> None:
         args = (f"model_version=scripted,base_url={model.url},api_key=EMPTY,mcp_server_path={script},num_cpus=1,"
                 "nframes=4,max_pixels=50176")
         cmd = [sys.executable, "-m", "lmms_eval", "--model", "async_openai", "--model_args", args, "--tasks",
-               "synthvt_mcp", "--include_path", str(include), "--output_path", str(out / "lmms"), "--log_samples",
-               "--batch_size", "1"]
+               "synthvt_mcp", "--include_path", str(include), "--output_path", str(out / "lmms"), "--log_samples"]
         env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(out / "hf"))
         print("$ " + " ".join(cmd), flush=True)
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
@@ -202,7 +216,8 @@ def main() -> None:
     if not samples:
         sys.exit(f"lmms-eval logged no samples (exit {r.returncode}); see {out / 'lmms_eval.log'}")
     for s in sorted(samples, key=lambda s: s["doc_id"]):
-        resp = s["resps"][0][0] if isinstance(s["resps"][0], list) else s["resps"][0]
+        resp = s["filtered_resps"]
+        resp = resp[0] if isinstance(resp, list) else resp
         print(f"--- doc {s['doc_id']}: called_paravt={s.get('called_paravt')}\n{resp[:1500]}")
     ok = sum(s.get("called_paravt", 0) for s in samples)
     print(f"\n{ok:g} of {len(samples)} samples show crop_video results written by paravt's MCP server; "
