@@ -1,6 +1,6 @@
 """A paradox campaign's run records, small enough to keep in the repository, and back under runs/.
 
-runs/ is not part of the repository, and a machine that loses it loses every run docs/paradox.md's
+runs/ is not part of the repository, and a machine that loses it loses every run docs/paradox_log.md's
 generated tables are read from: the doc stage (scripts/paradox.py --stage doc) can then only blank
 their rows, and a later seed cannot join the seed means. `pack` keeps what the doc stage reads, one
 gzipped tar per model: the RL run's config, log and rollouts (without the generated texts, which are

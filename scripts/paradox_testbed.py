@@ -410,7 +410,7 @@ def main() -> None:
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--max-new-tokens", type=int, default=320)
     p.add_argument("--ship-cold", default="cold_400", help="the cold start that --stage ship copies to the assets")
-    p.add_argument("--write-doc", default=None, help="put the table into this markdown file (e.g. docs/paradox.md)")
+    p.add_argument("--write-doc", default=None, help="put the table into this markdown file (e.g. docs/paradox_log.md)")
     a = p.parse_args()
     a.paravt = [sys.executable, "-m", "paravt"]
     a.sft_set = [x for kv in a.sft_set for x in ("-o", kv)]
