@@ -177,7 +177,7 @@ def _add_cover(out, codec: str) -> None:
     pic = out.add_stream(codec, rate=1)
     pic.width, pic.height = 64, 48
     pic.pix_fmt = "yuvj420p" if codec == "mjpeg" else "rgb24"
-    pic.disposition = av.stream.Disposition.attached_pic
+    pic.disposition = _flag(av.stream.Disposition.attached_pic)
     img = np.zeros((48, 64, 3), np.uint8)
     img[:, :32] = 255
     for packet in pic.encode(av.VideoFrame.from_ndarray(img, format="rgb24")) + pic.encode():
@@ -199,7 +199,7 @@ def make_multi_stream(path: str | Path, sizes: list[tuple[int, int]], seconds: f
             s = out.add_stream("libx264", rate=Fraction(fps, 1))
             s.width, s.height, s.pix_fmt = w, h, "yuv420p"
             s.options = {"preset": "ultrafast", "crf": "18", "bf": "0"}
-            s.disposition = av.stream.Disposition.default if j == default else av.stream.Disposition(0)
+            s.disposition = _flag(av.stream.Disposition.default if j == default else av.stream.Disposition(0))
             streams.append(s)
         for i in range(n):
             for j, s in enumerate(streams):
@@ -296,3 +296,8 @@ def serve_files(root: str | Path, stall: float = 0.0):
             server.server_close()
 
     return running()
+
+
+def _flag(flag):
+    """A Disposition as the PyAV here sets it: PyAV 15's is a plain enum.Flag, set as its int."""
+    return flag if hasattr(flag, "__int__") else flag.value

@@ -34,7 +34,8 @@ def video_stream(container):
     holds (MP4's always), so it says less about the best picture than the size does."""
     best, key = None, None
     for s in container.streams.video:
-        flags = int(getattr(s, "disposition", 0) or 0)
+        d = getattr(s, "disposition", 0) or 0
+        flags = int(getattr(d, "value", d))  # PyAV 15's Disposition is an enum.Flag, which int() refuses
         if flags & ATTACHED_PIC:
             continue
         k = ((s.codec_context.width or 0) * (s.codec_context.height or 0), bool(flags & DEFAULT))
