@@ -138,3 +138,39 @@ def test_device_sampling_matches_the_per_row_sampler_and_isolates_nan_rows():
         job = hf._Job(r, None, generator=torch.Generator().manual_seed(r.seed))
         t, lp = hf._choose_row(masked[j], int(masked[j].argmax()), job)
         assert (tokens[j], round(lps[j], 6)) == (t, round(lp, 6)) and t not in (7, 9)
+
+
+def test_spans():
+    from paravt.backends.static_decode import span
+
+    assert span(1, 4096) == 64 and span(65, 4096) == 128 and span(300, 4096) == 320  # 512 / 8 = 64 a step
+    assert span(8050, 16384) == 8192 and span(8193, 16384) == 9216 and span(9000, 8192) == 8192
+    assert all(n <= span(n, 1 << 20) <= n * 1.125 + 64 for n in range(1, 20000, 37))
+
+
+def test_live_attention_reads_only_the_columns_in_use_with_the_same_tokens(tiny, monkeypatch):
+    """A long bucket (4,096 columns) decoding short rows: attending over the columns in use (the
+    default) gives the tokens and logprobs of attending over the whole bucket (the first GPU round's
+    path), and reads an eighth of the KV columns. A long row leaving moves the short rows to column 0."""
+    import paravt.backends.static_decode as sd
+
+    monkeypatch.setattr(sd, "MIN_LENGTH", 4096)
+    model, processor = tiny
+    reqs = [request(0, 1, 24), request(1, 1, 16), request(2, 2, 20)]
+    got = {}
+    for decode in ("static-bucket", "static"):
+        b = HFBackend(model, processor, decode=decode, max_batch=4)
+        b.renderer.stop_ids = set()
+        got[decode] = (b.generate_sync(reqs), b._static)
+    (want, full), (live, dec) = got["static-bucket"], got["static"]
+    assert full.length == dec.length == 4096 and full.attend == "bucket" and dec.attend == "live"
+    for w, g in zip(want, live):
+        assert g.token_ids == w.token_ids
+        np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-5)
+    assert dec.kv_columns * 8 <= full.kv_columns, (dec.kv_columns, full.kv_columns)
+    # a long row, then short ones that outlive it: once it leaves, the short rows move to column 0
+    b = HFBackend(model, processor, decode="static", max_batch=4)
+    b.renderer.stop_ids = set()
+    out = b.generate_sync([request(3, 64, 2), request(4, 1, 40)])
+    assert out[1].token_ids == HFBackend(model, processor, decode="eager").generate_sync([request(4, 1, 40)])[0].token_ids
+    assert b._static.w < len(out[0].prompt_ids)  # compacted: the short row's columns begin at 0 again

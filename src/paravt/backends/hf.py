@@ -364,7 +364,8 @@ class HFBackend:
     the whole model's forward), "static" (`static_decode`: a static cache in slots through the text
     decoder), "static-graphs" (the same, each step a CUDA graph recorded from the eager step),
     "static-compiled" (each step a CUDA graph of inductor's fused kernels, compiled per bucket), or
-    "auto": static-graphs on a GPU, eager on a CPU."""
+    "auto": static-graphs on a GPU, eager on a CPU. The static paths attend over the cache columns in
+    use; with "-bucket" appended (say "static-graphs-bucket") over the whole bucket, as before."""
 
     name = "hf"
 
@@ -389,8 +390,10 @@ class HFBackend:
         self.decode = _decode_mode(decode, model)
         self._static: StaticDecoder | None = None
         if self.decode != "eager":
-            capture = {"static": "none", "static-graphs": "graphs", "static-compiled": "compile"}[self.decode]
-            self._static = StaticDecoder(model, slots=max_batch, cap=self.max_model_len, capture=capture)
+            path = self.decode.removesuffix("-bucket")
+            capture = {"static": "none", "static-graphs": "graphs", "static-compiled": "compile"}[path]
+            self._static = StaticDecoder(model, slots=max_batch, cap=self.max_model_len, capture=capture,
+                                         attend="bucket" if path != self.decode else "live")
         self._banned: torch.Tensor | None = None
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -620,7 +623,10 @@ def _failure(e: BaseException) -> BackendError:
     return e if isinstance(e, BackendError) else BackendError(f"hf generation failed: {type(e).__name__}: {e}")
 
 
-DECODE_MODES = ("auto", "eager", "static", "static-graphs", "static-compiled")
+# "-bucket": the static path attending over its whole cache bucket (the first GPU round's), kept to
+# compare with the default, which attends over the columns in use (static_decode's `attend`)
+DECODE_MODES = ("auto", "eager", "static", "static-graphs", "static-compiled", "static-bucket", "static-graphs-bucket",
+                "static-compiled-bucket")
 
 
 def _decode_mode(decode: str, model) -> str:

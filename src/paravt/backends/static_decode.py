@@ -17,6 +17,20 @@ first when its prompt is longer than w; when w reaches the end, the columns no r
 (rows move left), else the cache grows to the next bucket (a new graph). The attention mask is built
 here as a 4-D boolean mask (sdpa), which transformers uses as given.
 
+What a step reads (`attend`): "live", the default, attends over the first `span(w + 1)` columns
+only (w + 1 rounded up to an eighth of the power of two below it: at most 1/8 more than used, 8
+shapes an octave), a view of the cache, with a graph per (bucket, span, batch); and when the rows
+left all begin late (the long row that set the columns left), they are moved to column 0 first.
+"bucket", the first round's, attends over the whole bucket: at batch 32 and a 16 k bucket a step
+read up to twice the KV it needs, every step. Why a slice rather than FlexAttention's block mask or
+`torch.nn.attention.varlen`: the slice keeps the model's own sdpa call, so the CPU tests check the
+GPU's arithmetic (masked columns weigh exactly 0 either way: the same tokens); a view is a fixed
+address for a CUDA graph, and a new span is one more capture (a second at 8B) once per 1/8 octave;
+FlexAttention's decode kernel needs inductor (a minute a bucket at 8B, docs/gpu.md) and varlen
+wants each row's KV contiguous (a paged cache, a gather per step). What the slice does not buy: in
+a batch of a long row and short ones each short row still reads the long row's span (its masked
+columns); episodes' sub-agent batches are alike in length, and the main agent runs alone.
+
 Rows join and leave between steps as in the eager path (hf.py keeps the batch bookkeeping). On CPU
 the eager DynamicCache path stays the default (`HFBackend(decode="auto")`): a static cache only adds
 work there (masked columns, copies), and there is no launch overhead to save.
@@ -31,6 +45,9 @@ from dataclasses import dataclass, field
 import torch
 
 MIN_LENGTH = 256  # the smallest cache-length bucket; buckets double from here
+SPAN_STEPS = 8  # attended spans per octave ("live" attention): at most 1/8 of a span unused
+SPAN_MIN = 64  # the finest span step (kernel blocks and sdpa's mask padding stay aligned)
+ATTEND = ("live", "bucket")
 
 
 def bucket(n: int, cap: int) -> int:
@@ -39,6 +56,16 @@ def bucket(n: int, cap: int) -> int:
     while length < n:
         length *= 2
     return min(length, max(cap, n))
+
+
+def span(n: int, length: int) -> int:
+    """The columns a "live" step attends over when `n` are in use: n rounded up to a multiple of an
+    eighth of the power of two below it (SPAN_MIN at least), at most the bucket's `length`."""
+    low = 1
+    while low * 2 <= n:
+        low *= 2
+    step = max(low // SPAN_STEPS, SPAN_MIN)
+    return min(-(-n // step) * step, length)
 
 
 @functools.lru_cache(maxsize=None)
@@ -57,6 +84,7 @@ class StaticDecoder:
     slots: int
     cap: int  # the model's context: no bucket is longer
     capture: str = "none"  # "none" (eager steps), "graphs" (torch.cuda.CUDAGraph), "compile" (torch.compile)
+    attend: str = "live"  # "live": the columns in use (a view per span); "bucket": the whole bucket (round 1)
     cache: object = None  # transformers.StaticCache
     length: int = 0
     mask: torch.Tensor | None = None  # (slots, length) bool: which columns each slot attends to
@@ -68,9 +96,13 @@ class StaticDecoder:
     _pool: object = None  # the graphs' shared memory pool: they never run at the same time
     failed: str | None = None  # why capturing was given up (the steps then run eagerly)
     _weights: tuple = ()  # the parameters' addresses the graphs were captured over
-    _views: dict = field(default_factory=dict)  # batch -> StaticCache over the first slots
+    _views: dict = field(default_factory=dict)  # (batch, span) -> StaticCache over the first slots and columns
+    start: dict = field(default_factory=dict)  # slot -> the first column of its row (host side: no sync a step)
+    kv_columns: int = 0  # KV columns attended over, summed over the steps and the rows of each (what was read)
 
     def __post_init__(self) -> None:
+        if self.attend not in ATTEND:
+            raise ValueError(f"attend must be one of {ATTEND}, got {self.attend!r}")
         self.free = list(range(self.slots))
         text = self.model.model.language_model
         self._cache_kw = cache_kwarg(type(text))
@@ -117,6 +149,7 @@ class StaticDecoder:
             self.mask[:, :d] = self.mask[:, -d:].clone()
             self.mask[:, d:] = False
         self.w += d
+        self.start = {slot: col + d for slot, col in self.start.items()}
 
     def _room(self, need_w: int) -> None:
         """Make `w` at least `need_w` and leave column `w` writable: shift, compact, or grow."""
@@ -159,6 +192,8 @@ class StaticDecoder:
             layer.values[idx, :, lo:self.w] = v.to(layer.values.dtype)
         self.mask[idx] = False
         self.mask[idx, lo:self.w] = attention.to(self.mask.device).bool()
+        firsts = attention.bool().int().argmax(dim=1).tolist()  # left padding: each row's first real column
+        self.start.update({slot: lo + first for slot, first in zip(slots, firsts)})
         return slots
 
     def _check_weights(self) -> None:
@@ -177,6 +212,7 @@ class StaticDecoder:
     def release(self, slots: list[int]) -> None:
         for s in slots:
             self.mask[s] = False
+            self.start.pop(s, None)
             self.free.append(s)
         self.free.sort()
 
@@ -187,12 +223,16 @@ class StaticDecoder:
         logits (len(slots), vocab) float32. The step runs over the first `b` slots only, b the power
         of two that holds the highest slot in use (slots are handed out lowest first), so a batch of
         one reads one slot's cache, not max_batch's; the other slots among the b compute on a token
-        that only sees itself."""
+        that only sees itself. It attends over the first `n` columns: the bucket's length, or with
+        `attend="live"` the span in use (`span`)."""
         self._room(self.w)
+        if self.attend == "live":
+            self._compact(slots)
         b = 1
         while b <= max(slots):
             b *= 2
         b = min(b, self.slots)
+        n = span(self.w + 1, self.length) if self.attend == "live" else self.length
         dev = self.mask.device
         idx = torch.tensor(slots, device=dev)
         ids = torch.zeros((b, 1), dtype=torch.long, device=dev)
@@ -200,41 +240,51 @@ class StaticDecoder:
         pos = torch.zeros((b,), dtype=torch.long, device=dev)
         pos[idx] = positions.to(dev)
         self.mask[:, self.w] = True  # each slot sees the token it writes now
-        cache = self._view(b)
+        cache = self._view(b, n)
         for layer in cache.layers:
             layer.cumulative_length.fill_(self.w)
-        mask = self.mask[:b].view(b, 1, 1, self.length)
-        logits = self._run_step(b, ids, pos.view(1, b, 1).expand(3, b, 1), mask, cache)
+        mask = self.mask[:b, :n][:, None, None, :]
+        logits = self._run_step((self.length, n, b), ids, pos.view(1, b, 1).expand(3, b, 1), mask, cache)
+        self.kv_columns += b * n
         self.w += 1
         return logits.index_select(0, idx).float()
 
-    def _view(self, b: int):
-        """A StaticCache over the first `b` slots of the cache (views: its writes are the cache's)."""
-        if b == self.slots:
+    def _compact(self, slots: list[int]) -> None:
+        """Move the rows to column 0 when the earliest of them begins at least as far in as the
+        span they use (the long row that set the columns has left): one copy of the cache, then
+        every later step reads at most half the columns it would have."""
+        first = min((self.start.get(s, self.w) for s in slots), default=self.w)
+        if first >= SPAN_MIN and first >= self.w - first:
+            self._shift(-first)
+
+    def _view(self, b: int, n: int):
+        """A StaticCache over the first `b` slots and `n` columns of the cache (views: its writes are
+        the cache's)."""
+        if b == self.slots and n == self.length:
             return self.cache
-        if b not in self._views:
+        if (b, n) not in self._views:
             from transformers import StaticCache
 
             cfg = self.model.config.get_text_config()
-            view = StaticCache(config=cfg, max_cache_len=self.length)
+            view = StaticCache(config=cfg, max_cache_len=1)
             first = self.cache.layers[0]
             view.early_initialization(1, first.keys.shape[1], first.keys.shape[-1], first.keys.dtype,
                                       first.keys.device)  # tiny tensors, replaced by views below
             for mine, big in zip(view.layers, self.cache.layers):
-                mine.keys, mine.values = big.keys[:b], big.values[:b]
+                mine.keys, mine.values = big.keys[:b, :, :n], big.values[:b, :, :n]
+                mine.max_cache_len = n
                 if not torch.compiler.is_compiling():
                     torch._dynamo.mark_static_address(mine.keys)
                     torch._dynamo.mark_static_address(mine.values)
-            self._views[b] = view
-        return self._views[b]
+            self._views[(b, n)] = view
+        return self._views[(b, n)]
 
-    def _run_step(self, b: int, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
-        """The step of the current (length, batch) bucket: eager the first time (it initialises what a
-        graph reads), then captured: one CUDA graph a bucket, recorded from the eager step (`graphs`:
+    def _run_step(self, key: tuple, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
+        """The step of the current (length, span, batch) bucket: eager the first time (it initialises
+        what a graph reads), then captured: one CUDA graph a bucket, recorded from the eager step (`graphs`:
         no compiler, a capture costs one step) or compiled by inductor (`compile`: reduce-overhead,
         fused kernels, minutes of compiling a bucket at 8B). A capture that fails is reported once
         (`failed`) and the steps go on eagerly: slower, the same tokens."""
-        key = (self.length, b)
         if key not in self._warm or self.capture == "none" or self.failed:
             self._warm.add(key)
             return self._forward(ids, pos, mask, cache)
