@@ -1,11 +1,15 @@
-"""The README's Python example runs as written, offline (it once loaded a hub model that is not
-local and failed for every new user)."""
+"""The README's examples run as written, offline: its Python example (it once loaded a hub model that
+is not local and failed for every new user) and each shell block marked `<!-- runs offline -->`, whose
+`# score: ...` lines must be what the commands print (a newcomer once followed the README to a score
+of 0.00)."""
 
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -17,7 +21,40 @@ def test_the_python_example_runs_as_written(tmp_path):
                        env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     answer_line = r.stdout.strip().splitlines()[-1]
-    assert answer_line and (tmp_path / "outputs" / "example.mp4").stat().st_size > 1000
+    said = re.search(r"^# (.*)$", block.rstrip().splitlines()[-1]).group(1)  # what the README says it prints
+    assert answer_line == said and (tmp_path / "outputs" / "example.mp4").stat().st_size > 1000
+
+
+OFFLINE = re.compile(r"<!-- runs offline[^>]*-->\n```bash\n(.*?)```", re.S)
+
+
+def offline_blocks() -> list[str]:
+    return OFFLINE.findall(README.read_text())
+
+
+def test_the_readme_marks_its_offline_blocks():
+    blocks = offline_blocks()
+    assert len(blocks) >= 2 and any("paravt eval" in b for b in blocks) and any("curl" in b for b in blocks)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", [0, 1])
+def test_the_offline_shell_blocks_run_as_written(tmp_path, index):
+    from paravt.procs import free_port
+
+    block = offline_blocks()[index]
+    if "8000" in block:  # the port a reader's machine has free; the suite's may not
+        block = block.replace("8000", str(free_port()))
+    bin_dir = str(Path(sys.executable).parent)
+    env = {k: v for k, v in os.environ.items() if k != "PARAVT_MODEL"} | {
+        "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
+    r = subprocess.run(["bash", "-c", "set -euo pipefail\n" + block], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=400, env=env)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    for claim in re.findall(r"^# (score: .*)$", block, re.M):
+        assert claim in r.stdout, f"the README says {claim!r}; the commands printed:\n{r.stdout[-2000:]}"
+    if "curl" in block:
+        assert '"object":"chat.completion"' in r.stdout and '"role":"assistant"' in r.stdout, r.stdout[-2000:]
 
 
 def test_version_flag():

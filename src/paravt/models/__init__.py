@@ -110,7 +110,7 @@ def load_model(path_or_id: str, device: str | None = None, dtype: str | None = N
         if not local.exists() and not allow_download:
             raise ModelLoadError(
                 f"{path_or_id!r} is not a local directory and was not found locally in the Hugging Face cache. "
-                "Hub ids load only from the cache: download once with `huggingface-cli download "
+                "Hub ids load only from the cache: download once with `hf download "
                 f"{path_or_id}` where a network is available, or pass a checkpoint directory."
             ) from None
         raise ModelLoadError(f"cannot load {path_or_id!r}: {e}") from None
