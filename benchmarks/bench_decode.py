@@ -37,12 +37,16 @@ from paravt.backends.base import GenerateRequest, ImagePart, Message, TextPart  
 from paravt.backends.hf import HFBackend  # noqa: E402
 
 
-def request(n_frames: int, side: int, max_new: int, seed: int = 0, temperature: float = 0.0) -> GenerateRequest:
-    """A main-agent request: system prompt, n timestamped frames, question, think prefix."""
+def request(n_frames: int, side: int, max_new: int, seed: int = 0, temperature: float = 0.0, pad: int = 0
+            ) -> GenerateRequest:
+    """A main-agent request: system prompt, n timestamped frames, question (after `pad` filler words:
+    earlier turns' text, to reach an episode's context length), think prefix."""
     rng = np.random.default_rng(seed)
     parts = []
     for i in range(n_frames):
         parts += [TextPart(P.timestamp_text(i * 5.0)), ImagePart(rng.integers(0, 255, (side, side, 3), dtype=np.uint8))]
+    if pad > 0:
+        parts.append(TextPart(" a" * pad))
     parts.append(TextPart(P.user_prompt_text("What happens?", max(n_frames, 1) * 5.0, "oe")))
     return GenerateRequest([Message("system", P.system_prompt("parallel")), Message("user", parts)],
                            max_new_tokens=max_new, temperature=temperature, seed=seed, prefix=P.THINK_PREFIX)
@@ -90,26 +94,28 @@ def decode_rate(backend: HFBackend, batch: int, tokens: int, frames: int) -> tup
     return sum(o.completion_tokens for o in out) / wall, wall, (list(out[0].token_ids or []), list(out[0].logprobs or []))
 
 
-def profile(backend: HFBackend, batch: int, tokens: int, frames: int, out: Path) -> dict:
-    """One timed call under torch.profiler: the ops and kernels by their own time (a table in `out`),
-    and how busy the device was over the call's wall time (kernel time / wall)."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
+def profile(backend: HFBackend, reqs: list[GenerateRequest], name: str, out: Path) -> dict:
+    """One call under torch.profiler, its prefill included (`reqs`, already run once: graphs captured):
+    the ops and kernels by their own time (a table in `out`), the breakdown by category
+    (`prof_breakdown`), and how busy the device was over the call's wall time."""
+    import asyncio
+
+    from prof_breakdown import breakdown, profiler
 
     cuda = str(backend.model.device).startswith("cuda")
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with torch_profile(activities=acts) as prof:
+    asyncio.run(backend.aclose())  # the worker thread starts again under the profiler (its graphs are kept)
+    with profiler(cuda) as prof:
         t = time.perf_counter()
-        decode_rate(backend, batch, tokens, frames)
+        backend.generate_sync(reqs)
+        sync(str(backend.model.device))
         wall = time.perf_counter() - t
     events = prof.key_averages()
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"decode_{backend.decode}_b{batch}.txt").write_text(events.table(sort_by=key, row_limit=25))
-    # the kernels alone (an op's own device time is its kernels' again): their time over the wall time
-    busy = sum(e.self_device_time_total for e in events
-               if e.device_type == torch.autograd.DeviceType.CUDA) / 1e6 if cuda else None
-    return {"wall_s": wall, "device_busy_share": busy / wall if busy is not None else None}
+    (out / f"decode_{name}.txt").write_text(events.table(sort_by=key, row_limit=25))
+    parts = breakdown(prof.events(), wall)
+    busy = parts["busy_s"] if parts["device"] else None
+    return {"wall_s": wall, "device_busy_share": busy / wall if busy is not None else None, "breakdown": parts}
 
 
 def same_prefix(a: list[int], b: list[int]) -> int:
@@ -120,22 +126,23 @@ def same_prefix(a: list[int], b: list[int]) -> int:
 
 
 def measure_mode(rows: dict, model, processor, mode: str, batches: list[int], args, save) -> None:
-    """One decode path: per batch size, the first call (a capture or a compile happens there) and then
-    the timed one; `rows` is written after each, so a run stopped by its time limit keeps what it has."""
+    """One decode path at the short prompts of the first GPU round: per batch size, the first call (a
+    capture or a compile happens there) and then the timed one; `rows` is written after each, so a run
+    stopped by its time limit keeps what it has."""
     backend = HFBackend(model, processor, max_batch=max(batches), decode=mode)
     backend.renderer.stop_ids = set()  # full length: every row decodes `tokens`
     rows["decode"][backend.decode] = per_batch = {}
     for b in batches:
-        t = time.perf_counter()
-        backend.generate_sync([request(args.frames, 64, 8, seed=s) for s in range(b)])
+        t = time.perf_counter()  # the same call twice: the first captures every span the second crosses
+        backend.generate_sync([request(args.frames, 64, args.tokens, seed=s) for s in range(b)])
         first = time.perf_counter() - t
-        # each call twice, the faster kept: the decode-only rate is a difference of two times, which one
-        # slow call (a neighbour's load, an allocator's first growth) would otherwise throw far off
-        rate, wall, toks = max((decode_rate(backend, b, args.tokens, args.frames) for _ in range(2)), key=lambda r: r[0])
-        prefill = min(decode_rate(backend, b, 1, args.frames)[1] for _ in range(2))  # the rows' prefill + first token
-        steps = max(wall - prefill, 1e-9)
-        per_batch[str(b)] = {"tok_s": rate, "wall_s": wall, "first_call_s": first, "prefill_s": prefill,
-                             "decode_tok_s": b * (args.tokens - 1) / steps, "step_ms": 1000 * steps / (args.tokens - 1)}
+        for k in backend.timing:
+            backend.timing[k] = 0
+        rate, wall, toks = decode_rate(backend, b, args.tokens, args.frames)
+        tm = backend.timing  # the worker's clock: the prefill and the decode steps apart
+        per_batch[str(b)] = {"tok_s": rate, "wall_s": wall, "first_call_s": first, "prefill_s": tm["prefill_s"],
+                             "decode_tok_s": tm["decode_tokens"] / max(tm["decode_s"], 1e-9),
+                             "step_ms": 1000 * tm["decode_s"] / max(tm["decode_steps"], 1)}
         if b == 1:
             rows["greedy_tokens"][backend.decode] = toks
             ref = rows["greedy_tokens"].get("eager")
@@ -159,6 +166,105 @@ def measure_mode(rows: dict, model, processor, mode: str, batches: list[int], ar
         save()
 
 
+def shape_requests(backend: HFBackend, shape: dict, batch: int, tokens: int) -> list[GenerateRequest]:
+    """`batch` requests of an episode's shape: `frames` frames of `side`^2, padded with text to `context`
+    prompt tokens where it is larger (a main agent's later turn carries its earlier turns)."""
+    pad = 0
+    if shape["context"]:
+        r = request(shape["frames"], shape["side"], tokens)
+        pad = max(shape["context"] - len(backend.renderer.render(r.messages, prefix=r.prefix).ids), 0)
+    return [request(shape["frames"], shape["side"], tokens, seed=s, pad=pad) for s in range(batch)]
+
+
+def kv_bytes_per_token(model) -> int:
+    """Bytes of K and V one token keeps in the cache, all layers (the decode's other read)."""
+    cfg = model.config.get_text_config()
+    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    size = next(model.model.language_model.parameters()).element_size()
+    return cfg.num_hidden_layers * 2 * heads * head_dim * size
+
+
+def step_weight_bytes(model) -> int:
+    """Bytes of the weights a decode step reads: the text decoder and lm_head (the embedding table is
+    gathered, a row a token, not read whole)."""
+    return sum(p.numel() * p.element_size() for n, p in model.named_parameters()
+               if "visual" not in n and "embed_tokens" not in n)
+
+
+def measure_shape(backend: HFBackend, shape: dict, batch: int, tokens: int, bw: float) -> dict:
+    """One batch at an episode's shape, called twice (the first captures the graphs of every span
+    it crosses), the second timed: the decode-only rate from the worker's clock (`HFBackend.timing`),
+    the prefill's, and the roofline: `batch` tokens a step over the bytes the step must read
+    (the weights once, each row's valid KV: its prompt and half the new tokens, on average)."""
+    reqs = shape_requests(backend, shape, batch, tokens)
+    t = time.perf_counter()
+    backend.generate_sync(reqs)
+    first = time.perf_counter() - t
+    dec = backend._static
+    cols = dec.kv_columns if dec else 0
+    for k in backend.timing:
+        backend.timing[k] = 0
+    t = time.perf_counter()
+    out = backend.generate_sync(reqs)
+    wall = time.perf_counter() - t
+    tm = dict(backend.timing)
+    model = backend.model
+    kv = kv_bytes_per_token(model)
+    prompts = [o.prompt_tokens for o in out]
+    valid = sum(n + tokens / 2 for n in prompts) * kv
+    weights = step_weight_bytes(model)
+    limit = batch * bw / (weights + valid)
+    decode = tm["decode_tokens"] / tm["decode_s"] if tm["decode_s"] else None
+    row = {"batch": batch, "prompt_tokens": max(prompts), "tokens": tokens, "wall_s": wall, "first_call_s": first,
+           "prefill_s": tm["prefill_s"], "prefill_tok_s": sum(prompts) / tm["prefill_s"] if tm["prefill_s"] else None,
+           "decode_tok_s": decode, "step_ms": 1000 * tm["decode_s"] / max(tm["decode_steps"], 1),
+           "weights_gb": weights / 1e9, "kv_valid_gb_step": valid / 1e9, "limit_tok_s": limit,
+           "share_of_limit": decode / limit if decode else None}
+    if dec is not None and tm["decode_steps"]:
+        row["kv_read_gb_step"] = (dec.kv_columns - cols) * kv / tm["decode_steps"] / 1e9  # what the path reads
+    if dec is not None and dec.failed:
+        row["capture_failed"] = dec.failed
+    return row
+
+
+SHAPES = ("main", "sub")
+
+
+def measure_shapes(rows: dict, model, processor, mode: str, args, bw: float, save) -> None:
+    """Every episode shape and batch on one decode path; `rows["shapes"][mode][shape][batch]`, saved
+    after each (a run stopped by its time limit keeps what it has)."""
+    per_mode = rows.setdefault("shapes", {}).setdefault(mode, {})
+    for name in SHAPES:
+        shape = {"frames": getattr(args, f"{name}_frames"), "side": getattr(args, f"{name}_side"),
+                 "context": getattr(args, f"{name}_context")}
+        batches = [int(b) for b in getattr(args, f"{name}_batches").split(",") if b]
+        if not batches:
+            continue
+        backend = HFBackend(model, processor, max_batch=max(batches), decode=mode)
+        backend.renderer.stop_ids = set()
+        per_mode[name] = {}
+        for b in batches:
+            r = measure_shape(backend, shape, b, args.tokens, bw)
+            per_mode[name][str(b)] = r
+            print(f"shape {name}, {mode}, batch {b} ({r['prompt_tokens']} prompt tokens): decode "
+                  f"{r['decode_tok_s'] or 0:.1f} tok/s ({r['step_ms']:.2f} ms a step), "
+                  f"{100 * (r['share_of_limit'] or 0):.1f} % of {r['limit_tok_s']:.0f}; prefill {r['prefill_s']:.2f} s; "
+                  f"first call {r['first_call_s']:.1f} s", flush=True)
+            save()
+        free(backend)
+
+
+def free(backend: HFBackend) -> None:
+    """Stop the backend's worker and drop its static cache (tens of GB at 8B) before the next one."""
+    import asyncio
+
+    asyncio.run(backend.aclose())
+    backend._static = None
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def generate_rate(model, backend: HFBackend, tokens: int, frames: int) -> float:
     """transformers' generate at batch 1 on the same kind of prompt (greedy, forced length)."""
     from paravt.policy import model_inputs
@@ -179,18 +285,30 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", choices=["tiny", "8b"], default="tiny")
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--batches", default="1,8,32,64")
+    ap.add_argument("--batches", default="1,8,32,64", help="the short prompts' batch sizes (the first round's rows)")
     ap.add_argument("--decodes", default="eager,static-graphs,static-compiled",
-                    help="hf backend decode paths to measure (static-compiled last: it compiles for minutes at 8B)")
+                    help="hf backend decode paths at the short prompts (static-compiled last: minutes at 8B)")
     ap.add_argument("--eager-batches", default=None, help="batch sizes for the eager path (default: --batches)")
     ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--frames", type=int, default=4, help="frames in the decode rows' prompts")
+    ap.add_argument("--frames", type=int, default=4, help="frames in the short prompts")
+    ap.add_argument("--shape-decodes", default="static-graphs,static-graphs-bucket",
+                    help="decode paths at the episode shapes (empty: none)")
+    ap.add_argument("--main-frames", type=int, default=64, help="a main agent's overview K")
+    ap.add_argument("--main-side", type=int, default=224)
+    ap.add_argument("--main-context", type=int, default=7986, help="a main agent's prompt tokens (its last turn)")
+    ap.add_argument("--main-batches", default="1,8,32")
+    ap.add_argument("--sub-frames", type=int, default=10, help="a sub-agent's crop frames")
+    ap.add_argument("--sub-side", type=int, default=384)
+    ap.add_argument("--sub-context", type=int, default=0, help="pad sub-agent prompts to this (0: as rendered)")
+    ap.add_argument("--sub-batches", default="5,40")
     ap.add_argument("--prefill-frames", type=int, default=64)
     ap.add_argument("--prefill-side", type=int, default=448)
     ap.add_argument("--copy-gib", type=float, default=None, help="size of the bandwidth copy (default 4 GPU, 0.25 CPU)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", type=Path, default=None,
-                    help="also profile one call at batch 1 and 32 of the first static path: tables in this folder")
+                    help="also profile a call of the first shape path at the main shape (--profile-batches): "
+                         "tables and the breakdown by category in this folder and the JSON")
+    ap.add_argument("--profile-batches", default="1,32")
     args = ap.parse_args()
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     gib = args.copy_gib or (4.0 if device.startswith("cuda") else 0.25)
@@ -198,11 +316,12 @@ def main() -> None:
     model, processor = build(args.arch, device)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     text_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "visual" not in n)
-    batches = [int(b) for b in args.batches.split(",")]
-    eager_batches = [int(b) for b in (args.eager_batches or args.batches).split(",")]
+    batches = [int(b) for b in args.batches.split(",") if b]
+    eager_batches = [int(b) for b in (args.eager_batches or args.batches).split(",") if b]
     rows = {"arch": args.arch, "device": device, "device_name": torch.cuda.get_device_name() if device == "cuda" else
             "cpu", "torch": torch.__version__, "transformers": __import__("transformers").__version__,
             "bandwidth_gbs": bw / 1e9, "weight_gb": weight_bytes / 1e9, "text_weight_gb": text_bytes / 1e9,
+            "step_weight_gb": step_weight_bytes(model) / 1e9, "kv_mb_per_token": kv_bytes_per_token(model) / 1e6,
             "limit_batch1_tok_s": bw / text_bytes, "tokens": args.tokens, "decode": {}, "greedy_tokens": {},
             "errors": {}}
 
@@ -219,10 +338,21 @@ def main() -> None:
         except Exception as e:  # noqa: BLE001 - recorded in the results, the run goes on
             rows["errors"][name] = f"{type(e).__name__}: {e}"[:1000]
             print(f"{name} failed: {rows['errors'][name]}", flush=True)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
         save()
 
-    modes = args.decodes.split(",")
-    extra = [m for m in modes if m == "static-compiled"]  # minutes of compiling at 8B: measured last
+    # what matters first (a run cut short keeps it): the episode shapes on the default path, its
+    # profile, the shapes on the other paths, then the first round's short prompts
+    shape_modes = [m for m in args.shape_decodes.split(",") if m]
+    if shape_modes:
+        attempt(f"shapes {shape_modes[0]}", lambda: measure_shapes(rows, model, processor, shape_modes[0], args, bw, save))
+    if args.profile and shape_modes:
+        attempt("profile", lambda: profile_shapes(rows, model, processor, shape_modes[0], args))
+    for mode in shape_modes[1:]:
+        attempt(f"shapes {mode}", lambda: measure_shapes(rows, model, processor, mode, args, bw, save))
+    modes = [m for m in args.decodes.split(",") if m] if batches else []
+    extra = [m for m in modes if m.startswith("static-compiled")]  # minutes of compiling at 8B: measured last
     for mode in [m for m in modes if m not in extra]:
         attempt(mode, lambda: measure_mode(rows, model, processor, mode, eager_batches if mode == "eager" else
                                            batches, args, save))
@@ -237,22 +367,26 @@ def main() -> None:
         rows["prefill_frames"] = f"{args.prefill_frames} x {args.prefill_side}^2"
         rows["generate_batch1_tok_s"] = generate_rate(model, backend, min(args.tokens, 64), args.frames)
 
-    attempt("prefill", prefill)
+    if args.prefill_frames:
+        attempt("prefill", prefill)
     for mode in extra:
         attempt(mode, lambda: measure_mode(rows, model, processor, mode, batches, args, save))
-    static = [m for m in modes if m != "eager"]
-    if args.profile and static:
-        def profiled() -> None:
-            backend = HFBackend(model, processor, max_batch=max(batches), decode=static[0])
-            backend.renderer.stop_ids = set()
-            rows["profile"] = {}
-            for b in (1, 32):
-                backend.generate_sync([request(args.frames, 64, 8, seed=s) for s in range(b)])  # captures
-                rows["profile"][str(b)] = profile(backend, b, 16, args.frames, args.profile)
-                print(f"profile {backend.decode}, batch {b}: {rows['profile'][str(b)]}", flush=True)
-
-        attempt("profile", profiled)
     print(json.dumps({k: v for k, v in rows.items() if k != "greedy_tokens"}, indent=1))
+
+
+def profile_shapes(rows: dict, model, processor, mode: str, args) -> None:
+    """A profiled call of the main shape at each of --profile-batches (graphs captured first)."""
+    shape = {"frames": args.main_frames, "side": args.main_side, "context": args.main_context}
+    sizes = [int(b) for b in args.profile_batches.split(",") if b]
+    backend = HFBackend(model, processor, max_batch=max(sizes), decode=mode)
+    backend.renderer.stop_ids = set()
+    rows["profile"] = {}
+    for b in sizes:
+        reqs = shape_requests(backend, shape, b, min(args.tokens, 32))
+        backend.generate_sync(reqs)  # captures
+        rows["profile"][f"main b{b}"] = r = profile(backend, reqs, f"{mode}_main_b{b}", args.profile)
+        print(f"profile {mode}, main shape, batch {b}: {r['wall_s']:.2f} s, busy {r['device_busy_share']}", flush=True)
+    free(backend)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,20 @@ def phase(name: str):
         yield
 
 
+def profiler(cuda: bool):
+    """torch.profiler over every thread (the hf backend decodes in a worker thread of its own; on a
+    GPU its kernels are seen anyway, on a CPU its ops only so), where this torch can."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    try:
+        from torch._C._profiler import _ExperimentalConfig
+
+        return profile(activities=acts, experimental_config=_ExperimentalConfig(profile_all_threads=True))
+    except (ImportError, TypeError, RuntimeError):
+        return profile(activities=acts)
+
+
 def _device_events(events) -> list:
     return [e for e in events if e.device_type != torch.autograd.DeviceType.CPU]
 

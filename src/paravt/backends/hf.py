@@ -402,6 +402,9 @@ class HFBackend:
         self.batches_run = 0  # prefills run (one per group of requests admitted together)
         self.batch_sizes: list[int] = []  # rows per prefill
         self.peak_rows = 0  # most rows decoded together
+        # seconds between the worker's token choices (each a host sync), split by what ran in between:
+        # a prefill (with any step beside it) or decode steps alone, and the tokens those steps gave
+        self.timing = {"prefill_s": 0.0, "decode_s": 0.0, "decode_tokens": 0, "decode_steps": 0}
 
     # ---- submitting
 
@@ -546,9 +549,11 @@ class HFBackend:
         batch: _Batch | None = None
         waiting: list[_Job] = []
         stopping = False
+        mark = None  # when the last token choice ended (None: idle since)
         while True:
             # 1. collect what arrived: block when idle, then give concurrent callers a moment to join
             if batch is None and not waiting:
+                mark = None
                 if stopping:
                     return
                 item = self._queue.get()
@@ -572,8 +577,10 @@ class HFBackend:
             new = [j for j in new if self._admit(j)]
             try:
                 if new:
+                    mark = mark or time.perf_counter()
                     torch.set_num_threads(base_threads)
-                    fresh = self._prefill_rows(new)
+                    with torch.profiler.record_function("paravt::prefill"):  # a range for profiles (benchmarks)
+                        fresh = self._prefill_rows(new)
                     if fresh is not None:
                         batch = self._join(batch, fresh)
                     self.batches_run += 1
@@ -584,20 +591,37 @@ class HFBackend:
                 # 3. one decode step for every row: each row's token, then one forward pass
                 if self.decode_threads:
                     torch.set_num_threads(self.decode_threads)
-                with torch.no_grad():
+                rows = len(batch.jobs)
+                with torch.no_grad(), torch.profiler.record_function("paravt::sampling"):
                     batch, done, failed = _advance(self.renderer, batch, self._banned, self.max_model_len)
+                mark = self._clock(mark, bool(new), rows)
                 for job in done:
                     _resolve(job, _completion(job, self.renderer))
                 for job, e in failed:
                     _resolve(job, _failure(e))
                 if batch is not None:
-                    batch = self._decode_or_rebuild(batch)
+                    with torch.profiler.record_function("paravt::decode step"):
+                        batch = self._decode_or_rebuild(batch)
             except Exception as e:  # noqa: BLE001 - the worker outlives any failure; the rows in hand fail
                 for job in (batch.jobs if batch else []) + new:
                     _resolve(job, _failure(e))
                 batch = None
             finally:
                 torch.set_num_threads(base_threads)
+
+    def _clock(self, mark: float | None, prefilled: bool, rows: int) -> float:
+        """Account the time since the last token choice (`timing`): to the prefill where one ran, else
+        to decode steps, which gave `rows` tokens. A token choice syncs with the device, so each
+        interval holds the device work launched in it."""
+        now = time.perf_counter()
+        if mark is not None:
+            if prefilled:
+                self.timing["prefill_s"] += now - mark
+            else:
+                self.timing["decode_s"] += now - mark
+                self.timing["decode_tokens"] += rows
+                self.timing["decode_steps"] += 1
+        return now
 
     def _join(self, batch, fresh: _Batch):
         """The running batch with newly prefilled rows: merged caches (eager) or copied into slots."""
