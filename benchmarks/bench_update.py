@@ -24,8 +24,11 @@ update above the one before it (sampled every 5 ms). `update_cpu_s`: the process
 figure to compare on a CPU shared with other work (wall time there measures the neighbours too).
 
 FLOPs counted per processed token: 6 x parameters (forward and backward of the policy) + 2 x
-parameters (the reference's forward) + 2 x parameters (the recompute of activation checkpointing,
-when on); attention's quadratic term is left out (small at these lengths). MFU divides by the
+parameters (the reference's forward, which runs in the update with `--kl-mode loss`, the default
+here; with `reward` it runs before the update and is not counted) + 2 x parameters (the recompute of
+activation checkpointing, when on); attention's quadratic term is left out (small at these lengths).
+(The first GPU round ran with the trainer's default kl_mode, reward, and still counted the
+reference: its MFU figures are 10/8 of the work the timed update did.) MFU divides by the
 device's dense bf16 peak (--peak-tflops, default 989 for an H100 SXM).
 """
 
@@ -155,6 +158,71 @@ def compare(argv: list[str]) -> None:
             json.dump(both, f, indent=1)
 
 
+def mark_phases(model, ref, opt) -> list:
+    """Profiler ranges (prof_breakdown's phases) around the parts of an update the issue asks about:
+    the policy's vision tower, the reference's forward, the policy's decoder layers run again in the
+    backward (activation checkpointing's recompute) and the optimizer step. Hooks, so the trainer's
+    code is unchanged; returns the handles to remove."""
+    from prof_breakdown import PHASE_PREFIX
+
+    open_ranges: dict[int, list] = {}
+
+    def enter(name: str, key: int) -> None:
+        rf = torch.profiler.record_function(PHASE_PREFIX + name)
+        rf.__enter__()
+        open_ranges.setdefault(key, []).append(rf)
+
+    def leave(key: int) -> None:
+        if open_ranges.get(key):
+            open_ranges[key].pop().__exit__(None, None, None)
+
+    def around(module, name) -> list:
+        return [module.register_forward_pre_hook(lambda m, a: enter(name(), id(m))),
+                module.register_forward_hook(lambda m, a, o: leave(id(m)))]
+
+    handles = []
+    inner = model.module if hasattr(model, "module") else model
+    visual = getattr(getattr(inner, "model", inner), "visual", None)
+    if visual is not None:
+        handles += around(visual, lambda: "vision tower (policy)")
+    handles += around(ref, lambda: "reference forward")
+    in_backward = getattr(torch._C, "_current_graph_task_id", lambda: -1)
+    # transformers checkpoints a layer's `forward`, not its `__call__` (so hooks stay outside the
+    # checkpoint): the recompute is seen at the layer's children (attention, MLP, norms)
+    for layer in [m for m in inner.modules() if type(m).__name__.endswith("DecoderLayer")]:
+        for m in layer.children():
+            handles += [m.register_forward_pre_hook(lambda m, a: enter("recompute", id(m)) if in_backward() != -1
+                                                    else None),
+                        m.register_forward_hook(lambda m, a, o: leave(id(m)) if in_backward() != -1 else None)]
+    handles.append(opt.register_step_pre_hook(lambda o, a, k: enter("optimizer step", id(o))))
+    handles.append(opt.register_step_post_hook(lambda o, a, k: leave(id(o))))
+    return handles
+
+
+def profile_update(folder: Path, cuda: bool, engine, model, ref, opt, run, name: str) -> dict | None:
+    """One update under torch.profiler: a table of ops and kernels in `folder`, and its breakdown by
+    category and phase (`prof_breakdown`, docs/gpu.md's table) returned."""
+    from prof_breakdown import breakdown, profiler
+
+    handles = mark_phases(model, ref, opt)
+    try:
+        with profiler(cuda) as prof:
+            t = time.perf_counter()
+            run()
+            if cuda:
+                torch.cuda.synchronize()
+            wall = time.perf_counter() - t
+    finally:
+        for h in handles:
+            h.remove()
+    if not engine.main:
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    (folder / f"{name}.txt").write_text(prof.key_averages().table(sort_by=key, row_limit=30))
+    return breakdown(prof.events(), wall)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", choices=["8b", "tiny"], default="8b")
@@ -179,6 +247,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--vocab", type=int, default=0,
                     help="tiny arch: resize the vocabulary to this (151936: Qwen's), to see the output head's memory")
+    ap.add_argument("--kl-mode", choices=["loss", "reward"], default="loss",
+                    help="loss: the reference's forward runs in the update (k3 in the loss), as the FLOPs count has it; "
+                         "reward: it runs before (token_advantages), outside the timed update, and is not counted")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", type=Path, default=None,
@@ -200,7 +271,7 @@ def main() -> None:
                      dtype=args.dtype, activation_checkpointing=not args.no_activation_checkpointing,
                      cpu_offload=args.cpu_offload, micro_batch_size=args.micro_batch_size, lr=2e-6, kl_coef=0.01,
                      packing=args.packing == "on", token_budget=args.token_budget, logprob_chunk=args.logprob_chunk,
-                     checkpoint_every=args.checkpoint_every)
+                     checkpoint_every=args.checkpoint_every, kl_mode=args.kl_mode)
     engine = init_engine(cfg.engine, cfg.device, cfg.mixed_precision,
                          activation_checkpointing=cfg.activation_checkpointing, cpu_offload=cfg.cpu_offload,
                          checkpoint_every=cfg.checkpoint_every)
@@ -240,32 +311,25 @@ def main() -> None:
 
     passes = len(plan_micro_batches(mine, cfg.packing, cfg.micro_batch_size, cfg.token_budget))
     tokens = engine.all_sum(sum(len(s.ids) for s in mine))
-    per_token = (6 + 2 + (2 if cfg.activation_checkpointing else 0)) * n_params
+    # 6N policy forward + backward, 2N the reference's forward where the update runs it, 2N the recompute
+    per_token = (6 + (2 if cfg.kl_mode == "loss" else 0) + (2 if cfg.activation_checkpointing else 0)) * n_params
     mfu = tokens * per_token / wall / (args.peak_tflops * 1e12 * engine.world)
     row = {"arch": args.arch, "vocab": base_vocab, "packing": cfg.packing,
            "token_budget": cfg.token_budget if cfg.packing else None,
            "micro_batch_size": None if cfg.packing else cfg.micro_batch_size, "forward_passes": passes,
            "threads": torch.get_num_threads(), "params_b": n_params / 1e9, "processes": engine.world,
            "device": str(engine.device), "master_dtype": args.dtype, "cpu_offload": args.cpu_offload,
-           "activation_checkpointing": cfg.activation_checkpointing, "sequences": len(seqs),
+           "activation_checkpointing": cfg.activation_checkpointing, "kl_mode": cfg.kl_mode,
+           "flops_per_token_n": per_token // n_params, "sequences": len(seqs),
            "main_tokens": len(seqs[0].ids), "tokens": int(tokens), "trained_tokens": metrics["trained_tokens"],
            "update_s": wall, "tokens_per_s": tokens / wall, "update_cpu_s": cpu, "tokens_per_cpu_s": tokens / cpu,
            "mfu": mfu if cuda else None, "param_bytes_per_process_gb": param_bytes(model) / 2**30,
            "peak_gpu_gb": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
            "peak_rss_gb": None if cuda else rss["gb"], "loss": metrics["loss"]}
     if args.profile:  # a second update, under the profiler (its figures are not the row's)
-        from torch.profiler import ProfilerActivity, profile
-
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-        with profile(activities=acts) as prof:
-            _update(cfg, engine, model, model, ref, renderer, opt, params, mine, 1)
-            if cuda:
-                torch.cuda.synchronize()
-        if engine.main:
-            args.profile.mkdir(parents=True, exist_ok=True)
-            key = "self_device_time_total" if cuda else "self_cpu_time_total"
-            name = f"update_{'packed' if cfg.packing else 'padded'}.txt"
-            (args.profile / name).write_text(prof.key_averages().table(sort_by=key, row_limit=30))
+        row["profile"] = profile_update(args.profile, cuda, engine, model, ref, opt,
+                                        lambda: _update(cfg, engine, model, model, ref, renderer, opt, params, mine, 1),
+                                        f"update_{'packed' if cfg.packing else 'padded'}")
     if engine.main:
         print(json.dumps(row, indent=1))
         if args.json:
