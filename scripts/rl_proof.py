@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from paradox import VARIANTS, read_jsonl, run, smooth  # noqa: E402  (the same run/ablation definitions)
+from paradox_synthvt import VARIANTS, read_jsonl, run, smooth  # noqa: E402  (the same run/ablation definitions)
 
 RUNS = {"vanilla": "vanilla GRPO", "para_token": "PARA-GRPO"}
 
