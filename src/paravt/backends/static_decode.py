@@ -7,8 +7,8 @@ captured step reach most of the memory bandwidth in plain PyTorch. The prefill s
 forward (vision tower, DeepStack, M-RoPE); only decode steps run here, through
 `model.model.language_model` and `model.lm_head` (no restated model math).
 
-Layout: the cache holds `slots` rows of `length` columns (a step runs over the first power-of-two
-slots that hold every row in use), and every row writes its next token at the
+Layout: the cache holds `slots` rows of `length` columns (a step runs over the first 1, 2, 4, 8,
+16, 24, ... slots that hold every row in use), and every row writes its next token at the
 same column `w` (transformers' StaticCache write pointer, shared by the batch). A row's tokens end at
 w - 1 and begin where its prompt began; earlier columns are masked. Rotary embeddings are applied
 before a key is cached, so where a key sits does not matter, only the mask: a joining row's prefill
@@ -221,7 +221,8 @@ class StaticDecoder:
     def step(self, slots: list[int], tokens: list[int], positions: torch.Tensor) -> torch.Tensor:
         """Feed each slot its token (at its M-RoPE text position) and return the rows' next-token
         logits (len(slots), vocab) float32. The step runs over the first `b` slots only, b the power
-        of two that holds the highest slot in use (slots are handed out lowest first), so a batch of
+        of two up to 8, then the multiple of 8, that holds the highest slot in use (slots are handed
+        out lowest first), so a batch of
         one reads one slot's cache, not max_batch's; the other slots among the b compute on a token
         that only sees itself. It attends over the first `n` columns: the bucket's length, or with
         `attend="live"` the span in use (`span`)."""
@@ -229,8 +230,10 @@ class StaticDecoder:
         if self.attend == "live":
             self._compact(slots)
         b = 1
-        while b <= max(slots):
+        while b <= max(slots) and b < 8:
             b *= 2
+        if b <= max(slots):  # past 8, a multiple of 8: 40 sub-agents step over 40 slots, not 64
+            b = -(-(max(slots) + 1) // 8) * 8
         b = min(b, self.slots)
         n = span(self.w + 1, self.length) if self.attend == "live" else self.length
         dev = self.mask.device
