@@ -112,7 +112,9 @@ def main() -> None:
     ap.add_argument("--arch", choices=["tiny", "8b"], default="tiny")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--decode", default="auto", help="the hf backend's decode path (see HFBackend)")
+    ap.add_argument("--modes", default="parallel,sequential,inline", help="episode modes to time")
     args = ap.parse_args()
+    modes = args.modes.split(",")
     if args.arch == "8b":
         import torch
 
@@ -131,7 +133,7 @@ def main() -> None:
     for n in range(1, args.max_n + 1):
         windows = crops(n)
         row: dict = {"n": n}
-        for mode in ("parallel", "sequential", "inline"):
+        for mode in modes:
             times = []
             for _ in range(args.repeats):
                 ep, batches = episode(hf, reader, mode, windows, args.frames, args.sub_tokens)
@@ -150,8 +152,9 @@ def main() -> None:
                 "inline main tokens (visual)", "sub batches par", "sub batches seq"):
         table.add_column(col, justify="right")
     p1 = rows[0]["parallel"]["wall_s"]
+    empty = {"wall_s": float("nan"), "main_prompt_tokens": "-", "main_visual_tokens": "-", "sub_batches": "-"}
     for r in rows:
-        par, seq, inl = r["parallel"], r["sequential"], r["inline"]
+        par, seq, inl = (r.get(m, empty) for m in ("parallel", "sequential", "inline"))
         table.add_row(str(r["n"]), f"{par['wall_s']:.2f} ({par['wall_s'] / p1:.2f}x)", f"{seq['wall_s']:.2f}",
                       f"{seq['wall_s'] / par['wall_s']:.2f}",
                       f"{par['main_prompt_tokens']} ({par['main_visual_tokens']})",

@@ -326,6 +326,8 @@ def main() -> None:
            "mfu": mfu if cuda else None, "param_bytes_per_process_gb": param_bytes(model) / 2**30,
            "peak_gpu_gb": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
            "peak_rss_gb": None if cuda else rss["gb"], "loss": metrics["loss"]}
+    if engine.main and args.json:  # written now too: a run stopped during the profile keeps the row
+        Path(args.json).write_text(json.dumps(row, indent=1))
     if args.profile:  # a second update, under the profiler (its figures are not the row's)
         row["profile"] = profile_update(args.profile, cuda, engine, model, ref, opt,
                                         lambda: _update(cfg, engine, model, model, ref, renderer, opt, params, mine, 1),

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# The GPU figures of docs/gpu.md in one run (<= 9 minutes on one H100/H200): 8B decode against the
-# measured memory-bandwidth limit, the 8B PARA-GRPO update (packed and padded: MFU, tokens/s, peak
-# memory), and the 8B parallel episode, with profiles of a decode call and a packed update (prof/);
-# then the table in docs/gpu.md. No PyAV, FastAPI or openai
-# needed. `benchmarks/gpu.sh cpu` runs the same steps with the tiny architecture on the CPU (minutes),
-# so a lent GPU's minutes go to measuring, not debugging.
+# The GPU figures of docs/gpu.md in one run (<= 9 minutes on one H100/H200, every step's cut-off
+# included): 8B decode at episode shapes (main agents at K = 64, ~8 k tokens, batch 1/8/32; sub-agents,
+# 10-frame crops, batch 5/40) per decode path against the roofline of the bytes a step must read, and
+# at the first round's short prompts; profiles of decode calls and of a packed update, broken down by
+# category and phase (prof/, and a table); the 8B PARA-GRPO update (MFU, tokens/s, peak memory);
+# episodes per minute (a batch of 8B episodes, K = 64, 5 crops, every model call real, parallel vs
+# sequential); the parallel episode with 1..5 crops; then docs/gpu.md's section, its targets table last.
+# No PyAV, FastAPI or openai needed. `benchmarks/gpu.sh cpu` runs the same steps with the tiny
+# architecture on the CPU (minutes), so a lent GPU's minutes go to measuring, not debugging.
 #
 #   benchmarks/gpu.sh            # on the GPU machine; results in ${OUT:-gpu_out}/ and docs/gpu.md
 #   benchmarks/gpu.sh cpu        # a dry run here: gpu_out/, its table in gpu_out/gpu_cpu.md
@@ -33,15 +36,27 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,m
   | tee "$out/machine.txt"
 if [ "$mode" = cpu ]; then
   arch=tiny; dev=cpu; doc=$out/gpu_cpu.md
-  dec=(--batches 1,8 --tokens 32 --prefill-side 64 --decodes eager,static,static-compiled)
-  upd=(--rollouts 2 --frames 4 --subs 1 --turn-tokens 64 --summary-tokens 32 --sub-tokens 32 --system-tokens 100)
-  epi=(--repeats 1 --frames 4 --sub-tokens 8 --decode static)
+  dec=(--tokens 16 --batches 1,4 --decodes eager,static --shape-decodes static,static-bucket
+       --main-frames 8 --main-side 64 --main-context 900 --main-batches 1,4 --sub-frames 2 --sub-side 64
+       --sub-batches 2,5 --profile-batches 1,4 --prefill-side 64 --prefill-frames 8)
+  upd=(--packing both --rollouts 2 --frames 4 --subs 1 --turn-tokens 64 --summary-tokens 32 --sub-tokens 32
+       --system-tokens 100)
+  eps=(--episodes 2 --frames 4 --crops 2 --sub-tokens 8 --decode static)
+  epi=(--repeats 1 --frames 4 --sub-tokens 8 --decode static --modes parallel,sequential)
+  limits=(300 300 300 300)
 else
   arch=8b; dev=cuda; doc=docs/gpu.md
-  # static-compiled (inductor) is left out: a minute of compiling a bucket at 8B for 10 % at batch 1
-  # in the first H200 run (docs/gpu.md); add it to --decodes to measure it again
-  dec=(--tokens 64 --batches 1,32,8,64 --eager-batches 1,32 --decodes eager,static-graphs)
-  upd=(--dtype bf16 --rollouts 4); epi=(--frames 64 --sub-tokens 16 --repeats 1 --decode static-graphs)
+  # the episode shapes on the default path (live KV) and the first round's (whole bucket), then the
+  # short prompts; static-compiled (inductor) is left out: a minute of compiling a bucket at 8B for
+  # 10 % at batch 1 in the first round (docs/gpu.md); add it to --decodes to measure it again
+  dec=(--tokens 64 --shape-decodes static-graphs,static-graphs-bucket --main-batches 1,8,32 --sub-batches 5,40
+       --profile-batches 1,32 --batches 1,32 --eager-batches 1 --decodes eager,static-graphs)
+  # packed only (padded was measured in the first round), the reference's forward in the update (--kl-mode loss)
+  upd=(--packing on --dtype bf16 --rollouts 4 --kl-mode loss)
+  eps=(--episodes 8 --frames 64 --crops 5 --sub-tokens 128 --decode static-graphs)
+  epi=(--frames 64 --sub-tokens 16 --repeats 1 --decode static-graphs --modes parallel,sequential)
+  # seconds a step may run: 190 + 170 + 100 + 60 = 520 s, the rest of 9 minutes for the start and the report
+  limits=(190 170 100 60)
 fi
 step() {  # name, timeout, command...: each step's log and exit status; one failing step does not stop the rest
   local name=$1 limit=$2; shift 2
@@ -49,7 +64,10 @@ step() {  # name, timeout, command...: each step's log and exit status; one fail
   timeout "$limit" "$@" 2>&1 | tee "$out/$name.log"
   echo "${PIPESTATUS[0]}" > "$out/$name.rc"
 }
-step decode 200 "$py" benchmarks/bench_decode.py --arch "$arch" --device "$dev" "${dec[@]}" --json "$out/decode.json" --profile "$out/prof"
-step update 220 "$py" benchmarks/bench_update.py --arch "$arch" --device "$dev" --packing both "${upd[@]}" --json "$out/update.json" --profile "$out/prof"
-step episode 90 "$py" benchmarks/bench_episode.py --arch "$arch" --device "$dev" "${epi[@]}" --json "$out/episode.json"
+start=$SECONDS
+step decode "${limits[0]}" "$py" benchmarks/bench_decode.py --arch "$arch" --device "$dev" "${dec[@]}" --json "$out/decode.json" --profile "$out/prof"
+step update "${limits[1]}" "$py" benchmarks/bench_update.py --arch "$arch" --device "$dev" "${upd[@]}" --json "$out/update.json" --profile "$out/prof"
+step episodes "${limits[2]}" "$py" benchmarks/bench_episodes.py --arch "$arch" --device "$dev" "${eps[@]}" --json "$out/episodes.json"
+step episode "${limits[3]}" "$py" benchmarks/bench_episode.py --arch "$arch" --device "$dev" "${epi[@]}" --json "$out/episode.json"
+echo "== steps took $((SECONDS - start)) s"
 "$py" benchmarks/gpu_report.py "$out" --doc "$doc"
