@@ -20,17 +20,17 @@ mode=${1:-gpu}
 out=${OUT:-gpu_out}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
-if compgen -G ".whl/*.whl" >/dev/null; then
-  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/paravt_site .whl/*.whl \
-    && export PYTHONPATH="$PYTHONPATH:/tmp/paravt_site"
-fi
-"$py" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 # the default mode writes docs/gpu.md: never from a machine without a GPU (a failed run's table would
 # replace the measured one); `gpu.sh cpu` writes under $out only
 if [ "$mode" != cpu ] && ! "$py" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   echo "gpu.sh: no CUDA device here, so nothing is measured and docs/gpu.md is left as it is (benchmarks/gpu.sh cpu: a dry run on the CPU)" >&2
   exit 2
 fi
+if compgen -G ".whl/*.whl" >/dev/null; then
+  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/paravt_site .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/paravt_site"
+fi
+"$py" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 mkdir -p "$out"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader \
   | tee "$out/machine.txt"

@@ -123,7 +123,7 @@ def shapes_table(d: dict) -> str:
         r = first(shape, b)
         pre = f"{r['prefill_s']:.2f} ({r['prefill_tok_s']:.0f})" if r.get("prefill_tok_s") else "—"
         rows.append(f"| {shape}, {b} ({r.get('prompt_tokens', '?')}) | {r.get('limit_tok_s', 0):.0f} "
-                    f"({r.get('weights_gb', 0):.2f} + {r.get('kv_valid_gb_step', 0):.2f}) | "
+                    f"({r.get('weights_gb', 0):.3g} + {r.get('kv_valid_gb_step', 0):.3g}) | "
                     + " | ".join(cell(m, shape, b) for m in paths) + f" | {pre} |")
     text = "\n".join(rows) + "\n\n"
     text += (f"Roofline: measured copy bandwidth {d.get('bandwidth_gbs', 0):.0f} GB/s over the bytes a step must read "

@@ -77,3 +77,54 @@ def test_the_gpu_mode_refuses_a_machine_without_cuda_and_writes_nothing(tmp_path
                        env={**os.environ, "OUT": str(out), "PYTHON": sys.executable})
     assert r.returncode == 2 and "no CUDA device" in r.stderr, r.stderr
     assert not out.exists() and (ROOT / "docs" / "gpu.md").read_bytes() == page
+
+
+def shape_row(rate, limit, prompt=7986, b=1):
+    return {"batch": b, "prompt_tokens": prompt, "tokens": 64, "decode_tok_s": rate, "step_ms": 1000 * b / rate,
+            "prefill_s": 0.5, "prefill_tok_s": prompt * b / 0.5, "weights_gb": 15.1, "kv_valid_gb_step": 1.2 * b,
+            "limit_tok_s": limit, "share_of_limit": rate / limit, "kv_read_gb_step": 1.25 * b}
+
+
+def test_episode_shapes_breakdown_episodes_and_targets_of_a_run_cut_short(tmp_path):
+    """The second round's sections: the shapes table (a path stopped part-way shows what it reached),
+    the profiles' breakdown, episodes per minute, and the targets table last, measured and met or
+    not, `not measured` where the run did not get there."""
+    gr = report()
+    out = tmp_path / "out"
+    out.mkdir()
+    bd = {"device": True, "busy_s": 0.9, "wall_s": 1.0, "categories": {"GEMM": 0.6, "attention": 0.2,
+                                                                      "idle / host gaps": 0.1}, "phases": {}}
+    dec = {"bandwidth_gbs": 4228.0, "step_weight_gb": 15.14, "kv_mb_per_token": 0.147, "tokens": 64,
+           "shapes": {"static-graphs": {"main": {"1": shape_row(180.0, 270.0), "32": shape_row(2000.0, 2550.0, b=32)},
+                                        "sub": {"5": shape_row(700.0, 1300.0, 1700, 5)}},
+                      "static-graphs-bucket": {"main": {"1": shape_row(150.0, 270.0)}}},
+           "profile": {"main b1": {"wall_s": 1.0, "breakdown": bd}}, "decode": {}}
+    upd = {"packing": True, "mfu": 0.42, "tokens_per_s": 5000.0, "sequences": 20, "main_tokens": 7986,
+           "params_b": 8.77, "master_dtype": "bf16", "activation_checkpointing": True, "kl_mode": "loss",
+           "flops_per_token_n": 10, "profile": {**bd, "phases": {"reference forward": 0.15, "recompute": 0.2}}}
+    eps = {"frames": 64, "crops": 5, "sub_tokens": 128, "decode": "static-graphs", "frames_from": "rendered (no PyAV)",
+           "modes": {"parallel": {"episodes": 8, "wall_s": 12.0, "episodes_per_min": 40.0, "prefill_s": 5.0,
+                                  "decode_s": 6.0, "decode_tokens": 6000, "prefills": [8, 40, 8]},
+                     "sequential": {"episodes": 8, "wall_s": 30.0, "episodes_per_min": 16.0, "prefills": [8] * 11}},
+           "sequential_over_parallel": 2.5}
+    epi = [{"n": n, "parallel": {"wall_s": 1.0 + 0.02 * n, "sub_batches": [n]}, "sequential": {"wall_s": n}}
+           for n in range(1, 6)]
+    shapes = gr.shapes_table(dec)
+    assert "| main, 1 (7986) | 270 (15.1 + 1.2) | **180** (67 %), 5.6 ms, KV read 1.25 GB | **150** (56 %)" in shapes
+    assert "| main, 32 (7986) | 2550 (15.1 + 38.4) | **2000** (78 %), 16.0 ms, KV read 40.00 GB | — |" in shapes
+    assert "| sub, 5 (1700) |" in shapes and "4228 GB/s" in shapes
+    text = gr.breakdown_section(dec, upd)
+    assert "| share of the wall time | decode main b1 | update (packed) |" in text
+    assert "| GEMM | 60.0 % | 60.0 % |" in text and "| phase: reference forward | — | 15.0 % |" in text
+    assert "device (kernel) time" in text
+    assert "| parallel | 8 | 12.00 | **40.0** |" in gr.episodes_table(eps) and "2.50×" in gr.episodes_table(eps)
+    assert "KL loss (FLOPs counted 10N a token)" in gr.update_table(upd)
+    targets = gr.targets_table(dec, upd, epi)
+    assert "| decode batch 1, main shape: ≥ 150 tok/s decode-only, ≥ 60 % of the roofline | 180 tok/s (67 % of 270) " \
+           "| yes |" in targets
+    assert "| decode batch 32, main shape: ≥ 2,500 tok/s decode-only | 2000 tok/s (78 % of 2550) | no |" in targets
+    assert "| decode batch 32, short prompts: ≥ 2,500 tok/s decode-only | not measured | — |" in targets
+    assert "| PARA-GRPO update (packed): ≥ 40 % MFU | 42.0 % (10N FLOPs a token) | yes |" in targets
+    assert "| parallel episode, 5 crops / 1 crop: ≤ 1.1× | 1.08× | yes |" in targets
+    nothing = gr.targets_table(None, None, None)
+    assert nothing.count("not measured") == 5 and "| yes |" not in nothing and "| no |" not in nothing
