@@ -192,12 +192,12 @@ def step_weight_bytes(model) -> int:
                if "visual" not in n and "embed_tokens" not in n)
 
 
-def measure_shape(backend: HFBackend, shape: dict, batch: int, tokens: int, bw: float) -> dict:
+def measure_shape(backend: HFBackend, reqs: list[GenerateRequest], tokens: int, bw: float) -> dict:
     """One batch at an episode's shape, called twice (the first captures the graphs of every span
     it crosses), the second timed: the decode-only rate from the worker's clock (`HFBackend.timing`),
     the prefill's, and the roofline: `batch` tokens a step over the bytes the step must read
     (the weights once, each row's valid KV: its prompt and half the new tokens, on average)."""
-    reqs = shape_requests(backend, shape, batch, tokens)
+    batch = len(reqs)
     t = time.perf_counter()
     backend.generate_sync(reqs)
     first = time.perf_counter() - t
@@ -231,27 +231,41 @@ def measure_shape(backend: HFBackend, shape: dict, batch: int, tokens: int, bw: 
 SHAPES = ("main", "sub")
 
 
-def measure_shapes(rows: dict, model, processor, mode: str, args, bw: float, save) -> None:
+def measure_shapes(rows: dict, model, processor, mode: str, args, bw: float, save, first: bool) -> None:
     """Every episode shape and batch on one decode path; `rows["shapes"][mode][shape][batch]`, saved
-    after each (a run stopped by its time limit keeps what it has)."""
+    after each (a run stopped by its time limit keeps what it has). On the `first` path, with
+    --profile, a third call of the main shape at each of --profile-batches runs under the profiler
+    (its graphs already captured); the other paths take --other-*-batches."""
     per_mode = rows.setdefault("shapes", {}).setdefault(mode, {})
+    profiled = [int(b) for b in args.profile_batches.split(",") if b] if first and args.profile else []
     for name in SHAPES:
         shape = {"frames": getattr(args, f"{name}_frames"), "side": getattr(args, f"{name}_side"),
                  "context": getattr(args, f"{name}_context")}
-        batches = [int(b) for b in getattr(args, f"{name}_batches").split(",") if b]
+        which = getattr(args, f"{name}_batches") if first else getattr(args, f"other_{name}_batches") or \
+            getattr(args, f"{name}_batches")
+        batches = [int(b) for b in which.split(",") if b]
         if not batches:
             continue
         backend = HFBackend(model, processor, max_batch=max(batches), decode=mode)
         backend.renderer.stop_ids = set()
         per_mode[name] = {}
         for b in batches:
-            r = measure_shape(backend, shape, b, args.tokens, bw)
-            per_mode[name][str(b)] = r
+            reqs = shape_requests(backend, shape, b, args.tokens)
+            per_mode[name][str(b)] = r = measure_shape(backend, reqs, args.tokens, bw)
             print(f"shape {name}, {mode}, batch {b} ({r['prompt_tokens']} prompt tokens): decode "
                   f"{r['decode_tok_s'] or 0:.1f} tok/s ({r['step_ms']:.2f} ms a step), "
                   f"{100 * (r['share_of_limit'] or 0):.1f} % of {r['limit_tok_s']:.0f}; prefill {r['prefill_s']:.2f} s; "
                   f"first call {r['first_call_s']:.1f} s", flush=True)
             save()
+            if name == "main" and b in profiled:
+                try:
+                    prof = profile(backend, reqs, f"{mode}_main_b{b}", args.profile)
+                    rows.setdefault("profile", {})[f"main b{b}"] = prof
+                    print(f"profile {mode}, main shape, batch {b}: {prof['wall_s']:.2f} s, busy "
+                          f"{prof['device_busy_share']}", flush=True)
+                except Exception as e:  # noqa: BLE001 - the measurements go on without it
+                    rows["errors"][f"profile main b{b}"] = f"{type(e).__name__}: {e}"[:1000]
+                save()
         free(backend)
 
 
@@ -301,13 +315,15 @@ def main() -> None:
     ap.add_argument("--sub-side", type=int, default=384)
     ap.add_argument("--sub-context", type=int, default=0, help="pad sub-agent prompts to this (0: as rendered)")
     ap.add_argument("--sub-batches", default="5,40")
+    ap.add_argument("--other-main-batches", default=None, help="main batches on the paths after the first (default: all)")
+    ap.add_argument("--other-sub-batches", default=None, help="sub batches on the paths after the first (default: all)")
     ap.add_argument("--prefill-frames", type=int, default=64)
     ap.add_argument("--prefill-side", type=int, default=448)
     ap.add_argument("--copy-gib", type=float, default=None, help="size of the bandwidth copy (default 4 GPU, 0.25 CPU)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", type=Path, default=None,
-                    help="also profile a call of the first shape path at the main shape (--profile-batches): "
-                         "tables and the breakdown by category in this folder and the JSON")
+                    help="also profile a call of the first shape path at the main shape (--profile-batches, "
+                         "among --main-batches): tables in this folder, the breakdown by category in the JSON")
     ap.add_argument("--profile-batches", default="1,32")
     args = ap.parse_args()
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
@@ -342,15 +358,11 @@ def main() -> None:
                 torch.cuda.empty_cache()
         save()
 
-    # what matters first (a run cut short keeps it): the episode shapes on the default path, its
-    # profile, the shapes on the other paths, then the first round's short prompts
+    # what matters first (a run cut short keeps it): the episode shapes on the default path (with its
+    # profiles), the shapes on the other paths, then the first round's short prompts
     shape_modes = [m for m in args.shape_decodes.split(",") if m]
-    if shape_modes:
-        attempt(f"shapes {shape_modes[0]}", lambda: measure_shapes(rows, model, processor, shape_modes[0], args, bw, save))
-    if args.profile and shape_modes:
-        attempt("profile", lambda: profile_shapes(rows, model, processor, shape_modes[0], args))
-    for mode in shape_modes[1:]:
-        attempt(f"shapes {mode}", lambda: measure_shapes(rows, model, processor, mode, args, bw, save))
+    for i, mode in enumerate(shape_modes):
+        attempt(f"shapes {mode}", lambda: measure_shapes(rows, model, processor, mode, args, bw, save, first=i == 0))
     modes = [m for m in args.decodes.split(",") if m] if batches else []
     extra = [m for m in modes if m.startswith("static-compiled")]  # minutes of compiling at 8B: measured last
     for mode in [m for m in modes if m not in extra]:
@@ -372,21 +384,6 @@ def main() -> None:
     for mode in extra:
         attempt(mode, lambda: measure_mode(rows, model, processor, mode, batches, args, save))
     print(json.dumps({k: v for k, v in rows.items() if k != "greedy_tokens"}, indent=1))
-
-
-def profile_shapes(rows: dict, model, processor, mode: str, args) -> None:
-    """A profiled call of the main shape at each of --profile-batches (graphs captured first)."""
-    shape = {"frames": args.main_frames, "side": args.main_side, "context": args.main_context}
-    sizes = [int(b) for b in args.profile_batches.split(",") if b]
-    backend = HFBackend(model, processor, max_batch=max(sizes), decode=mode)
-    backend.renderer.stop_ids = set()
-    rows["profile"] = {}
-    for b in sizes:
-        reqs = shape_requests(backend, shape, b, min(args.tokens, 32))
-        backend.generate_sync(reqs)  # captures
-        rows["profile"][f"main b{b}"] = r = profile(backend, reqs, f"{mode}_main_b{b}", args.profile)
-        print(f"profile {mode}, main shape, batch {b}: {r['wall_s']:.2f} s, busy {r['device_busy_share']}", flush=True)
-    free(backend)
 
 
 if __name__ == "__main__":

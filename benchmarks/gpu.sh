@@ -38,7 +38,8 @@ if [ "$mode" = cpu ]; then
   arch=tiny; dev=cpu; doc=$out/gpu_cpu.md
   dec=(--tokens 16 --batches 1,4 --decodes eager,static --shape-decodes static,static-bucket
        --main-frames 8 --main-side 64 --main-context 900 --main-batches 1,4 --sub-frames 2 --sub-side 64
-       --sub-batches 2,5 --profile-batches 1,4 --prefill-side 64 --prefill-frames 8)
+       --sub-batches 2,5 --other-main-batches 1,4 --other-sub-batches 5 --profile-batches 1,4 --prefill-side 64
+       --prefill-frames 8)
   upd=(--packing both --rollouts 2 --frames 4 --subs 1 --turn-tokens 64 --summary-tokens 32 --sub-tokens 32
        --system-tokens 100)
   eps=(--episodes 2 --frames 4 --crops 2 --sub-tokens 8 --decode static)
@@ -50,13 +51,14 @@ else
   # short prompts; static-compiled (inductor) is left out: a minute of compiling a bucket at 8B for
   # 10 % at batch 1 in the first round (docs/gpu.md); add it to --decodes to measure it again
   dec=(--tokens 64 --shape-decodes static-graphs,static-graphs-bucket --main-batches 1,8,32 --sub-batches 5,40
-       --profile-batches 1,32 --batches 1,32 --eager-batches 1 --decodes eager,static-graphs)
+       --other-main-batches 1,32 --other-sub-batches 40 --profile-batches 1,32
+       --batches 1,32 --eager-batches 1 --decodes eager,static-graphs)
   # packed only (padded was measured in the first round), the reference's forward in the update (--kl-mode loss)
   upd=(--packing on --dtype bf16 --rollouts 4 --kl-mode loss)
   eps=(--episodes 8 --frames 64 --crops 5 --sub-tokens 128 --decode static-graphs)
   epi=(--frames 64 --sub-tokens 16 --repeats 1 --decode static-graphs --modes parallel,sequential)
-  # seconds a step may run: 190 + 170 + 100 + 60 = 520 s, the rest of 9 minutes for the start and the report
-  limits=(190 170 100 60)
+  # seconds a step may run: 210 + 160 + 90 + 60 = 520 s, the rest of 9 minutes for the start and the report
+  limits=(210 160 90 60)
 fi
 step() {  # name, timeout, command...: each step's log and exit status; one failing step does not stop the rest
   local name=$1 limit=$2; shift 2
