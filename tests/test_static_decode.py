@@ -163,6 +163,9 @@ def test_live_attention_reads_only_the_columns_in_use_with_the_same_tokens(tiny,
         b.renderer.stop_ids = set()
         got[decode] = (b.generate_sync(reqs), b._static)
     (want, full), (live, dec) = got["static-bucket"], got["static"]
+    # the worker's clock: one prefill for the three rows, then every later token from a decode step
+    assert b.timing["prefill_s"] > 0 and b.timing["decode_s"] > 0 and b.batch_sizes == [3]
+    assert b.timing["decode_tokens"] == sum(len(o.token_ids) - 1 for o in live)
     assert full.length == dec.length == 4096 and full.attend == "bucket" and dec.attend == "live"
     for w, g in zip(want, live):
         assert g.token_ids == w.token_ids
@@ -174,3 +177,22 @@ def test_live_attention_reads_only_the_columns_in_use_with_the_same_tokens(tiny,
     out = b.generate_sync([request(3, 64, 2), request(4, 1, 40)])
     assert out[1].token_ids == HFBackend(model, processor, decode="eager").generate_sync([request(4, 1, 40)])[0].token_ids
     assert b._static.w < len(out[0].prompt_ids)  # compacted: the short row's columns begin at 0 again
+
+
+def test_past_eight_rows_a_step_runs_over_a_multiple_of_eight_slots(tiny, monkeypatch):
+    """Seventeen rows step over 24 slots, not the next power of two (32): the eager path's tokens."""
+    import paravt.backends.static_decode as sd
+
+    model, processor = tiny
+    reqs = [request(i, 1, 4) for i in range(17)]
+    eager = HFBackend(model, processor, decode="eager", max_batch=17)
+    eager.renderer.stop_ids = set()
+    want = eager.generate_sync(reqs)
+    static = HFBackend(model, processor, decode="static", max_batch=32)
+    static.renderer.stop_ids = set()
+    seen = []
+    step = sd.StaticDecoder._run_step
+    monkeypatch.setattr(sd.StaticDecoder, "_run_step", lambda self, key, *a: seen.append(key[2]) or step(self, key, *a))
+    got = static.generate_sync(reqs)
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert static.batch_sizes == [17] and set(seen) == {24}
