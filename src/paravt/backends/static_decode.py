@@ -29,7 +29,8 @@ address for a CUDA graph, and a new span is one more capture (a second at 8B) on
 FlexAttention's decode kernel needs inductor (a minute a bucket at 8B, docs/gpu.md) and varlen
 wants each row's KV contiguous (a paged cache, a gather per step). What the slice does not buy: in
 a batch of a long row and short ones each short row still reads the long row's span (its masked
-columns); episodes' sub-agent batches are alike in length, and the main agent runs alone.
+columns). One episode's sub-agents are alike in length and its main agent waits for them; where
+episodes run together (a rollout phase), a main row beside sub-agents makes them read its span.
 
 Rows join and leave between steps as in the eager path (hf.py keeps the batch bookkeeping). On CPU
 the eager DynamicCache path stays the default (`HFBackend(decode="auto")`): a static cache only adds
@@ -222,10 +223,9 @@ class StaticDecoder:
         """Feed each slot its token (at its M-RoPE text position) and return the rows' next-token
         logits (len(slots), vocab) float32. The step runs over the first `b` slots only, b the power
         of two up to 8, then the multiple of 8, that holds the highest slot in use (slots are handed
-        out lowest first), so a batch of
-        one reads one slot's cache, not max_batch's; the other slots among the b compute on a token
-        that only sees itself. It attends over the first `n` columns: the bucket's length, or with
-        `attend="live"` the span in use (`span`)."""
+        out lowest first), so a batch of one reads one slot's cache, not max_batch's; the other slots
+        among the b compute on a token that only sees itself. It attends over the first `n` columns:
+        the bucket's length, or with `attend="live"` the span in use (`span`)."""
         self._room(self.w)
         if self.attend == "live":
             self._compact(slots)
