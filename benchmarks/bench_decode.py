@@ -295,7 +295,7 @@ def generate_rate(model, backend: HFBackend, tokens: int, frames: int) -> float:
     return tokens / (time.perf_counter() - t)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", choices=["tiny", "8b"], default="tiny")
     ap.add_argument("--device", default="auto")
@@ -325,7 +325,11 @@ def main() -> None:
                     help="also profile a call of the first shape path at the main shape (--profile-batches, "
                          "among --main-batches): tables in this folder, the breakdown by category in the JSON")
     ap.add_argument("--profile-batches", default="1,32")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     gib = args.copy_gib or (4.0 if device.startswith("cuda") else 0.25)
     bw = bandwidth(device, gib)
