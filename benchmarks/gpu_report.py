@@ -113,7 +113,7 @@ def shapes_table(d: dict) -> str:
         r = d["shapes"][m].get(shape, {}).get(b)
         if not r or r.get("decode_tok_s") is None:
             return "—"
-        read = f", KV read {r['kv_read_gb_step']:.2f} GB" if r.get("kv_read_gb_step") is not None else ""
+        read = f", KV read {r['kv_read_gb_step']:.3g} GB" if r.get("kv_read_gb_step") is not None else ""
         return f"**{r['decode_tok_s']:.0f}** ({100 * r['share_of_limit']:.0f} %), {r['step_ms']:.1f} ms{read}"
 
     rows = ["| shape, batch (prompt tokens) | roofline tok/s (GB a step: weights + valid KV) | "
@@ -127,7 +127,7 @@ def shapes_table(d: dict) -> str:
                     + " | ".join(cell(m, shape, b) for m in paths) + f" | {pre} |")
     text = "\n".join(rows) + "\n\n"
     text += (f"Roofline: measured copy bandwidth {d.get('bandwidth_gbs', 0):.0f} GB/s over the bytes a step must read "
-             f"(text weights but the embedding table, {d.get('step_weight_gb', 0):.2f} GB, and "
+             f"(text weights but the embedding table, {d.get('step_weight_gb', 0):.3g} GB, and "
              f"{d.get('kv_mb_per_token', 0):.3f} MB of KV a context token), {d.get('tokens', '?')} new tokens a row; "
              "decode-only and prefill times from the backend's own clock (HFBackend.timing).\n")
     for m in paths:

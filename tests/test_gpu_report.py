@@ -111,7 +111,7 @@ def test_episode_shapes_breakdown_episodes_and_targets_of_a_run_cut_short(tmp_pa
            for n in range(1, 6)]
     shapes = gr.shapes_table(dec)
     assert "| main, 1 (7986) | 270 (15.1 + 1.2) | **180** (67 %), 5.6 ms, KV read 1.25 GB | **150** (56 %)" in shapes
-    assert "| main, 32 (7986) | 2550 (15.1 + 38.4) | **2000** (78 %), 16.0 ms, KV read 40.00 GB | — |" in shapes
+    assert "| main, 32 (7986) | 2550 (15.1 + 38.4) | **2000** (78 %), 16.0 ms, KV read 40 GB | — |" in shapes
     assert "| sub, 5 (1700) |" in shapes and "4228 GB/s" in shapes
     text = gr.breakdown_section(dec, upd)
     assert "| share of the wall time | decode main b1 | update (packed) |" in text
