@@ -27,7 +27,7 @@ pytest.importorskip("mcp", reason="the mcp package is not installed (pip install
 from mcp import ClientSession, StdioServerParameters  # noqa: E402
 from mcp.client.stdio import stdio_client  # noqa: E402
 
-from paravt.procs import free_port  # noqa: E402
+from servetools import paravt_server  # noqa: E402
 
 QUESTION = "What colour was the circle? Answer with one word."
 TOOLS = {"crop_video", "watch_window", "ask_video"}
@@ -270,27 +270,9 @@ def test_write_script_and_client_config(media, tmp_path):
 
 @pytest.fixture(scope="module")
 def http_server(media):
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "paravt", "mcp", "--http", "--port", str(port), "--media-root",
-                             str(media["root"]), "--frames", "4"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    url = f"http://127.0.0.1:{port}/mcp"
-    deadline = time.time() + 60
-    while True:
-        assert proc.poll() is None, proc.stderr.read().decode()
-        assert time.time() < deadline, "paravt mcp --http did not come up"
-        try:
-            httpx.get(url, timeout=1)
-            break
-        except httpx.TransportError:
-            time.sleep(0.1)
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
+    with paravt_server("mcp", "--http", "--media-root", str(media["root"]), "--frames", "4", ready="/mcp",
+                       any_answer=True, timeout_s=60) as (url, _):
+        yield url + "/mcp"
 
 
 async def http_session(url: str, work):
