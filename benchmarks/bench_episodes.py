@@ -19,16 +19,18 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 
-from bench_episode import crops, open_video, script
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its neighbour, however it is started
+from bench_episode import crops, open_video, script  # noqa: E402
 
-from paravt.agent import EpisodeConfig, run_episode
-from paravt.backends.base import Completion, GenerateRequest
-from paravt.backends.hf import HFBackend
-from paravt.backends.scripted import is_subagent
-from paravt.synth.render import make_spec
+from paravt.agent import EpisodeConfig, run_episode  # noqa: E402
+from paravt.backends.base import Completion, GenerateRequest  # noqa: E402
+from paravt.backends.hf import HFBackend  # noqa: E402
+from paravt.backends.scripted import is_subagent  # noqa: E402
+from paravt.synth.render import make_spec  # noqa: E402
 
 
 class ForcedMain:
