@@ -4,6 +4,7 @@ tiny model in fp32 on CPU, while rows join and leave between steps, a later prom
 running rows moves them right, and generation runs past a cache bucket (compaction, then growth)."""
 
 import asyncio
+import threading
 
 import numpy as np
 import pytest
@@ -171,12 +172,40 @@ def test_live_attention_reads_only_the_columns_in_use_with_the_same_tokens(tiny,
         assert g.token_ids == w.token_ids
         np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-5)
     assert dec.kv_columns * 8 <= full.kv_columns, (dec.kv_columns, full.kv_columns)
-    # a long row, then short ones that outlive it: once it leaves, the short rows move to column 0
-    b = HFBackend(model, processor, decode="static", max_batch=4)
+    # a long row and a short one that outlives it: once it leaves, the short row moves to column 0;
+    # a row joining later gets its eager tokens too
+    b = HFBackend(model, processor, decode="static", max_batch=4, batch_wait_ms=20)
     b.renderer.stop_ids = set()
-    out = b.generate_sync([request(3, 64, 2), request(4, 1, 40)])
-    assert out[1].token_ids == HFBackend(model, processor, decode="eager").generate_sync([request(4, 1, 40)])[0].token_ids
-    assert b._static.w < len(out[0].prompt_ids)  # compacted: the short row's columns begin at 0 again
+    moved, rows_after, sent = [], [], threading.Event()
+    compact = sd.StaticDecoder._compact
+
+    def watched(self, slots):
+        w = self.w
+        compact(self, slots)
+        if self.w < w:
+            moved.append(w - self.w)
+            sent.wait(30)  # the worker holds here until the third row is queued: it joins next
+        elif moved:
+            rows_after.append(len(slots))
+
+    monkeypatch.setattr(sd.StaticDecoder, "_compact", watched)
+
+    async def joined_later():
+        first = asyncio.ensure_future(b.generate([request(3, 64, 2), request(4, 1, 40)]))
+        while not moved:
+            await asyncio.sleep(0.002)
+        late = asyncio.ensure_future(b.generate([request(5, 2, 10)]))
+        await asyncio.sleep(0.05)  # queued
+        sent.set()
+        return await first, (await late)[0]
+
+    (long, short), late = asyncio.run(joined_later())
+    eager = HFBackend(model, processor, decode="eager")
+    eager.renderer.stop_ids = set()
+    assert short.token_ids == eager.generate_sync([request(4, 1, 40)])[0].token_ids
+    assert late.token_ids == eager.generate_sync([request(5, 2, 10)])[0].token_ids
+    assert moved[0] > len(long.prompt_ids) - len(short.prompt_ids) - 8  # the long row's columns cut
+    assert 2 in rows_after  # the third row decoded beside the moved one
 
 
 def test_past_eight_rows_a_step_runs_over_a_multiple_of_eight_slots(tiny, monkeypatch):
