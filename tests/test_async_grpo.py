@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -184,7 +185,7 @@ def check_sync_mid_generation(data, tmp_path, pause: str, atol: float = 2e-4, mi
     from paravt.train.engine import init_engine
     from paravt.train.grpo import GRPOConfig, _load_samples, _plan_group, play_jobs
     from paravt.train.producer import RolloutProducer
-    from paravt.train.rollout import RolloutConfig, RolloutServers, write_sync_weights
+    from paravt.train.rollout import RolloutConfig, RolloutServers, ServerGate, write_sync_weights
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     rc = RolloutConfig(engine="servers", devices=["cpu"], start_timeout_s=300, max_staleness=1, sync_pause=pause,
@@ -199,33 +200,46 @@ def check_sync_mid_generation(data, tmp_path, pause: str, atol: float = 2e-4, mi
     servers = RolloutServers.start(rc, str(DEFAULT_MODEL), tmp_path / "logs")
     servers.banned_ids = Renderer(processor).banned_ids  # as the trainer sets them
     producer = None
+    # The first sync must come while the first groups generate, some of their calls done on version 0
+    # and others still generating. That moment can last only as long as the first calls' staggered
+    # ends (the shipped model answers in its first turn: no call follows them), which a thread polling
+    # the counters missed under load ("calls in flight: not within 60 s"). So the sync is asked for
+    # on the producer's loop, in the call's own leave(), the moment the state arises: it cannot be
+    # missed, and the gate closes before the calls still in flight can end.
+    moment = threading.Event()
+    left = [0]
+    leave = ServerGate.leave
+
+    def leave_then_sync(gate, url):
+        leave(gate, url)
+        left[0] += 1
+        if not moment.is_set() and left[0] >= min_done and sum(gate._calls.values()) >= min(min_done, 2):
+            moment.set()
+            producer.request_sync(weights[1], 1)  # on the loop: schedules the sync, never blocks
+
     try:
         weights[0] = write_sync_weights(engine, model, processor, tmp_path, "0", keep=5)
         servers.sync(weights[0], "0")
+        weights[1] = write_sync_weights(engine, _perturbed(model, 0), processor, tmp_path, "1", keep=5)
+        ServerGate.leave = leave_then_sync
         producer = RolloutProducer(servers, 1, cfg.prompts_per_step, 0, pause=pause,
                                    plan_group=lambda g: _plan_group(cfg, samples, *divmod(g, 2), number=g),
                                    run_group=lambda b, r, jobs: play_jobs(b, r, jobs, cfg.episode, 1.0))
         taken = []
-        # The first sync comes while the first groups generate, some of their calls done on version 0;
-        # the second may meet the groups the first made room for, or find them done already.
-        def generating() -> bool:
-            in_flight = sum(producer.gate._calls.values())
-            done = sum(producer.backend.requests_sent.values()) - in_flight
-            return in_flight >= min(min_done, 2) and done >= min_done
-
         for v in (0, 1, 2):
-            if v < 2:
-                weights[v + 1] = write_sync_weights(engine, _perturbed(model, v), processor, tmp_path, str(v + 1), keep=5)
-                if v == 0:
-                    # the state lasts one call's generation (a tenth of a second on a fast server): poll often
-                    wait_for(generating, 60, "calls in flight", poll_s=0.002)
-                producer.sync(weights[v + 1], v + 1)
+            if v == 0:
+                assert moment.wait(rc.start_timeout_s), "no call ended while another was generating"
+                producer.wait_sync()
+            elif v == 1:  # the second may meet the groups the first made room for, or find them done already
+                weights[2] = write_sync_weights(engine, _perturbed(model, 1), processor, tmp_path, "2", keep=5)
+                producer.sync(weights[2], 2)
             groups, failed = producer.take(v)
             assert not failed and [g.index for g in groups] == [2 * v, 2 * v + 1]
             assert all(v - g.oldest <= 1 for g in groups)
             taken += groups
         resent, drained = producer.resent(), producer.gate.drained_calls
     finally:
+        ServerGate.leave = leave
         if producer is not None:
             producer.close()
         servers.close()
