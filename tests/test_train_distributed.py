@@ -64,23 +64,24 @@ def assert_same_weights(a: dict, b: dict) -> None:
 
 
 def test_sft_on_two_processes_equals_one_and_resumes_on_either(split, tmp_path):
+    """Four steps on one process against two FSDP processes stopped at step 2 (a sharded checkpoint),
+    then resumed (a copy each) on two and on one: every step's loss and the final weights are one
+    process's straight run. (Two straight through on two processes is the resumed-on-two run minus the
+    resume; launching it as well cost the suite a fifth of this test for no claim of its own.)"""
     one = sft(split, tmp_path / "one", 1, "single")
-    two = sft(split, tmp_path / "two", 2, "fsdp")
-    assert [r["step"] for r in two] == [1, 2, 3, 4]
-    for a, b in zip(one, two):
-        assert a["loss"] == pytest.approx(b["loss"], abs=TOL) and a["target_tokens"] == b["target_tokens"]
-    assert_same_weights(weights(tmp_path / "one"), weights(tmp_path / "two"))
-    assert (tmp_path / "two" / "checkpoint" / "dcp" / "__1_0.distcp").is_file()  # sharded: one file per process
+    stopped = sft(split, tmp_path / "stopped", 2, "fsdp", stop_at=2)
+    assert (tmp_path / "stopped" / "checkpoint" / "dcp" / "__1_0.distcp").is_file()  # sharded: one file per process
     ddp = sft(split, tmp_path / "ddp", 2, "ddp", stop_at=2)  # whole replicas: the same arithmetic
-    assert [r["loss"] for r in ddp] == pytest.approx([r["loss"] for r in one[:2]], abs=TOL)
-    # stopped at step 2 by two processes, then resumed (a copy each) on one and on two: the same as straight through
-    sft(split, tmp_path / "stopped", 2, "fsdp", stop_at=2)
-    for nproc, engine in ((1, "single"), (2, "fsdp")):
+    for run in (stopped, ddp):
+        assert [r["step"] for r in run] == [1, 2]
+        assert [r["loss"] for r in run] == pytest.approx([r["loss"] for r in one[:2]], abs=TOL)
+    for nproc, engine in ((2, "fsdp"), (1, "single")):
         run = tmp_path / f"resume{nproc}"
         shutil.copytree(tmp_path / "stopped", run)
         log = sft(split, run, nproc, engine)
         assert [r["step"] for r in log] == [1, 2, 3, 4]
-        assert log[-1]["loss"] == pytest.approx(one[-1]["loss"], abs=TOL)
+        for a, b in zip(one, log):
+            assert a["loss"] == pytest.approx(b["loss"], abs=TOL) and a["target_tokens"] == b["target_tokens"]
         assert_same_weights(weights(run), weights(tmp_path / "one"))
 
 
