@@ -42,7 +42,7 @@ import torch
 
 from paravt.backends.base import BackendError, Completion, GenerateRequest, RequestRejected
 from paravt.chat import Rendered, Renderer
-from paravt.backends.static_decode import StaticDecoder, cache_kwarg, choose_on_device
+from paravt.backends.static_decode import SlotBatch, StaticDecoder, cache_kwarg, choose_on_device, decode_mode
 from paravt.policy import is_greedy, model_inputs, policy_log_softmax, sequence_logprobs
 
 __all__ = ["HFBackend", "IncrementalText", "Rendered", "Renderer", "default_decode_threads", "model_inputs",
@@ -90,44 +90,6 @@ class _Batch:
 
     def release(self) -> None:
         """Nothing to give back: the cache goes with the batch."""
-
-
-@dataclass
-class _SlotBatch:
-    """The rows being decoded on the static path (`static_decode.StaticDecoder`): their jobs, the
-    cache slot of each, each row's next position and the logits of its next token."""
-
-    jobs: list[_Job]
-    decoder: "StaticDecoder"
-    slots: list[int]
-    positions: torch.Tensor  # (B,) long
-    logits: torch.Tensor  # (B, vocab) float32
-
-    @classmethod
-    def join(cls, batch: "_SlotBatch | None", fresh: _Batch, decoder: "StaticDecoder") -> "_SlotBatch":
-        """`batch` with the prefilled rows of `fresh` copied into free slots."""
-        slots = decoder.admit([(layer.keys, layer.values) for layer in fresh.cache.layers], fresh.attention)
-        if batch is None:
-            return cls(fresh.jobs, decoder, slots, fresh.positions, fresh.logits)
-        return cls(batch.jobs + fresh.jobs, decoder, batch.slots + slots, torch.cat([batch.positions, fresh.positions]),
-                   torch.cat([batch.logits, fresh.logits]))
-
-    def release(self) -> None:
-        self.decoder.release(self.slots)
-
-    def select(self, keep: list[int]) -> "_SlotBatch | None":
-        gone = [s for i, s in enumerate(self.slots) if i not in set(keep)]
-        self.decoder.release(gone)
-        if not keep:
-            return None
-        idx = torch.tensor(keep, device=self.positions.device)
-        return _SlotBatch([self.jobs[i] for i in keep], self.decoder, [self.slots[i] for i in keep],
-                          self.positions.index_select(0, idx), self.logits.index_select(0, idx))
-
-    def decode(self, model) -> "_SlotBatch":
-        self.logits = self.decoder.step(self.slots, [job.tokens[-1] for job in self.jobs], self.positions)
-        self.positions = self.positions + 1
-        return self
 
 
 def _map_cache(cache, fn) -> None:
@@ -187,7 +149,7 @@ def _select(batch: _Batch, keep: list[int]) -> _Batch | None:
                   batch.positions.index_select(0, idx), batch.logits.index_select(0, idx))
 
 
-def _choose(batch: "_Batch | _SlotBatch", banned: torch.Tensor) -> tuple[list[int], list[float], dict[int, Exception]]:
+def _choose(batch: "_Batch | SlotBatch", banned: torch.Tensor) -> tuple[list[int], list[float], dict[int, Exception]]:
     """One token per row: greedy at a temperature below GREEDY_BELOW, else sampled from π_τ
     (softmax(logits / T) without the vision placeholders, top-p truncated, always keeping the top
     token) with the row's own seeded generator (so a seeded request gives the same tokens alone or
@@ -195,7 +157,7 @@ def _choose(batch: "_Batch | _SlotBatch", banned: torch.Tensor) -> tuple[list[in
     policy PPO's ratio needs. Vision placeholders are never chosen: a generated one has no frame
     behind it and would break the next forward pass. A row whose choice fails (non-finite logits)
     is returned in the errors, by index: it fails alone."""
-    if isinstance(batch, _SlotBatch):  # the GPU path: every row on the device, one sync
+    if isinstance(batch, SlotBatch):  # the GPU path: every row on the device, one sync
         chosen, lps, finite = choose_on_device(batch.logits, [j.request for j in batch.jobs],
                                                [j.generator for j in batch.jobs], banned)
         return chosen, lps, {j: BackendError(f"the model's next-token distribution is not finite (log π {lps[j]})")
@@ -252,8 +214,8 @@ def _finished(job: _Job, token: int, renderer: Renderer, max_model_len: int) -> 
     return False
 
 
-def _advance(renderer: Renderer, batch: "_Batch | _SlotBatch", banned: torch.Tensor, max_model_len: int
-             ) -> tuple["_Batch | _SlotBatch | None", list[_Job], list[tuple[_Job, Exception]]]:
+def _advance(renderer: Renderer, batch: "_Batch | SlotBatch", banned: torch.Tensor, max_model_len: int
+             ) -> tuple["_Batch | SlotBatch | None", list[_Job], list[tuple[_Job, Exception]]]:
     """Choose each row's next token and let finished rows go. Returns the rows that go on (their
     tokens chosen, not yet fed), the jobs that finished, and the jobs that failed, each alone."""
     tokens, lps, errors = _choose(batch, banned)
@@ -387,7 +349,7 @@ class HFBackend:
         self.max_model_len = int(max_model_len or limit)
         if self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
-        self.decode = _decode_mode(decode, model)
+        self.decode = decode_mode(decode, model)
         self._static: StaticDecoder | None = None
         if self.decode != "eager":
             path = self.decode.removesuffix("-bucket")
@@ -627,7 +589,7 @@ class HFBackend:
         """The running batch with newly prefilled rows: merged caches (eager) or copied into slots."""
         if self._static is None:
             return _merge(batch, fresh)
-        return _SlotBatch.join(batch, fresh, self._static)
+        return SlotBatch.join(batch, fresh, self._static)
 
     def _decode_or_rebuild(self, batch):
         """One decode step; if the batched forward fails, the rows are rebuilt one by one from their
@@ -645,22 +607,3 @@ class HFBackend:
 def _failure(e: BaseException) -> BackendError:
     """The error a failed row's caller gets: a BackendError as raised, anything else named."""
     return e if isinstance(e, BackendError) else BackendError(f"hf generation failed: {type(e).__name__}: {e}")
-
-
-# "-bucket": the static path attending over its whole cache bucket (the first GPU round's), kept to
-# compare with the default, which attends over the columns in use (static_decode's `attend`)
-DECODE_MODES = ("auto", "eager", "static", "static-graphs", "static-compiled", "static-bucket", "static-graphs-bucket",
-                "static-compiled-bucket")
-
-
-def _decode_mode(decode: str, model) -> str:
-    """The decode path to use (see HFBackend): auto is static-graphs on a GPU with sdpa attention
-    (the static path builds sdpa's boolean mask), eager elsewhere."""
-    if decode not in DECODE_MODES:
-        raise ValueError(f"decode must be one of {', '.join(DECODE_MODES)}, got {decode!r}")
-    attn = getattr(model.config.get_text_config(), "_attn_implementation", None)
-    if decode == "auto":
-        return "static-graphs" if model.device.type == "cuda" and attn == "sdpa" else "eager"
-    if decode != "eager" and attn != "sdpa":
-        raise ValueError(f"decode={decode} needs sdpa attention; the model uses {attn}")
-    return decode

@@ -379,3 +379,60 @@ def choose_on_device(logits: torch.Tensor, requests: list, generators: list, ban
     ok = finite & torch.isfinite(lp)
     rows = torch.stack([chosen.double(), lp.double(), ok.double()], dim=1).tolist()  # the one sync
     return [int(c) for c, _, _ in rows], [float(v) for _, v, _ in rows], [bool(o) for _, _, o in rows]
+
+
+@dataclass
+class SlotBatch:
+    """The rows `hf.HFBackend` decodes on the static path (a `StaticDecoder`): their jobs, the
+    cache slot of each, each row's next position and the logits of its next token."""
+
+    jobs: list  # hf._Job
+    decoder: StaticDecoder
+    slots: list[int]
+    positions: torch.Tensor  # (B,) long
+    logits: torch.Tensor  # (B, vocab) float32
+
+    @classmethod
+    def join(cls, batch: "SlotBatch | None", fresh, decoder: StaticDecoder) -> "SlotBatch":
+        """`batch` with the prefilled rows of `fresh` copied into free slots."""
+        slots = decoder.admit([(layer.keys, layer.values) for layer in fresh.cache.layers], fresh.attention)
+        if batch is None:
+            return cls(fresh.jobs, decoder, slots, fresh.positions, fresh.logits)
+        return cls(batch.jobs + fresh.jobs, decoder, batch.slots + slots, torch.cat([batch.positions, fresh.positions]),
+                   torch.cat([batch.logits, fresh.logits]))
+
+    def release(self) -> None:
+        self.decoder.release(self.slots)
+
+    def select(self, keep: list[int]) -> "SlotBatch | None":
+        gone = [s for i, s in enumerate(self.slots) if i not in set(keep)]
+        self.decoder.release(gone)
+        if not keep:
+            return None
+        idx = torch.tensor(keep, device=self.positions.device)
+        return SlotBatch([self.jobs[i] for i in keep], self.decoder, [self.slots[i] for i in keep],
+                          self.positions.index_select(0, idx), self.logits.index_select(0, idx))
+
+    def decode(self, model) -> "SlotBatch":
+        self.logits = self.decoder.step(self.slots, [job.tokens[-1] for job in self.jobs], self.positions)
+        self.positions = self.positions + 1
+        return self
+
+
+# "-bucket": the static path attending over its whole cache bucket (the first GPU round's), kept to
+# compare with the default, which attends over the columns in use (static_decode's `attend`)
+DECODE_MODES = ("auto", "eager", "static", "static-graphs", "static-compiled", "static-bucket", "static-graphs-bucket",
+                "static-compiled-bucket")
+
+
+def decode_mode(decode: str, model) -> str:
+    """The decode path to use (see HFBackend): auto is static-graphs on a GPU with sdpa attention
+    (the static path builds sdpa's boolean mask), eager elsewhere."""
+    if decode not in DECODE_MODES:
+        raise ValueError(f"decode must be one of {', '.join(DECODE_MODES)}, got {decode!r}")
+    attn = getattr(model.config.get_text_config(), "_attn_implementation", None)
+    if decode == "auto":
+        return "static-graphs" if model.device.type == "cuda" and attn == "sdpa" else "eager"
+    if decode != "eager" and attn != "sdpa":
+        raise ValueError(f"decode={decode} needs sdpa attention; the model uses {attn}")
+    return decode
