@@ -102,6 +102,16 @@ def episode(hf: HFBackend, reader: VideoReader, mode: str, windows, frames: int,
     return ep, list(hf.batch_sizes)
 
 
+def build_model(arch: str, device: str):
+    """(model, processor): Qwen3-VL-8B's architecture with random weights in bf16, or the tiny one."""
+    if arch == "8b":
+        import torch
+
+        return build_8b_random(device=device, dtype=torch.bfloat16)
+    model, processor = build_tiny(seed=0)
+    return model.to(device), processor
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sub-tokens", type=int, default=64, help="tokens each sub-agent generates")
@@ -115,13 +125,7 @@ def main() -> None:
     ap.add_argument("--modes", default="parallel,sequential,inline", help="episode modes to time")
     args = ap.parse_args()
     modes = args.modes.split(",")
-    if args.arch == "8b":
-        import torch
-
-        model, processor = build_8b_random(device=args.device, dtype=torch.bfloat16)
-    else:
-        model, processor = build_tiny(seed=0)
-        model.to(args.device)
+    model, processor = build_model(args.arch, args.device)
     reader, frames_from = open_video(make_spec(5, min_len=300, max_len=300))
     print(f"frames: {frames_from}", flush=True)
     hf = HFBackend(model, processor, batch_wait_ms=5, decode=args.decode)

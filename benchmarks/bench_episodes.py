@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its neighbour, however it is started
-from bench_episode import crops, open_video, script  # noqa: E402
+from bench_episode import build_model, crops, open_video, script  # noqa: E402
 
 from paravt.agent import EpisodeConfig, run_episode  # noqa: E402
 from paravt.backends.base import Completion, GenerateRequest  # noqa: E402
@@ -87,15 +87,7 @@ def main() -> None:
     ap.add_argument("--modes", default="parallel,sequential")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    import torch
-
-    from paravt.models.tiny import build_8b_random, build_tiny
-
-    if args.arch == "8b":
-        model, processor = build_8b_random(device=args.device, dtype=torch.bfloat16)
-    else:
-        model, processor = build_tiny(seed=0)
-        model.to(args.device)
+    model, processor = build_model(args.arch, args.device)
     reader, frames_from = open_video(make_spec(5, min_len=300, max_len=300))
     hf = HFBackend(model, processor, max_batch=max(args.episodes * args.crops, 1), batch_wait_ms=5, decode=args.decode)
     hf.renderer.stop_ids = set()  # forced lengths: no early end token
