@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from paravt.video import VideoError, VideoReader, overview_times, resize_to_budget, sample_times
-from videotools import decode_stripe, make_audio_only, make_jump_video, make_test_video, noisy_stripe_frame
+from videotools import (decode_stripe, make_audio_only, make_jump_video, make_test_video, noisy_stripe_frame,
+                        quadrant_frame, quadrant_means)
 
 # The demuxer's keyframe index (Stream.index_entries) came with PyAV 17. Without it (PyAV 15.1, the
 # newest lmms-eval allows) a file is read as an MPEG-TS is: the same frames, found with more decoding,
@@ -351,19 +352,6 @@ def test_ts_random_access_is_exact(ts_video):
 
 
 # ---------- rotation (display matrix) ----------
-
-def quadrant_frame(i: int, height: int = 64, width: int = 96) -> np.ndarray:
-    """White top-left quadrant, grey top-right, black bottom: tells the four turns apart."""
-    img = np.zeros((height, width, 3), np.uint8)
-    img[: height // 2, : width // 2] = 255
-    img[: height // 2, width // 2 :] = 128
-    return img
-
-
-def quadrant_means(img: np.ndarray) -> list[int]:
-    h, w = img.shape[0] // 2, img.shape[1] // 2
-    return [int(round(q.mean() / 32)) for q in (img[:h, :w], img[:h, w:], img[h:, :w], img[h:, w:])]
-
 
 @pytest.mark.parametrize("degrees", [90, -90, 180, 270])
 def test_rotated_video_is_returned_upright(tmp_path, degrees):

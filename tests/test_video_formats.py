@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from paravt.video import VideoError, VideoReader, overview_times
-from videotools import decode_stripe, make_audio_only, make_multi_stream, make_test_video
+from videotools import decode_stripe, make_audio_only, make_multi_stream, make_test_video, quadrant_frame, quadrant_means
 
 import av  # noqa: E402
 
@@ -134,19 +134,6 @@ def test_display_size_stretches_the_short_side():
     assert display_size(720, 576, Fraction(64, 45)) == (1024, 576)  # PAL 16:9
     assert display_size(720, 480, Fraction(8, 9)) == (720, 540)  # NTSC 4:3: taller, never narrower
     assert display_size(720, 576, None) == display_size(720, 576, Fraction(0, 1)) == (720, 576)  # unknown: square
-
-
-def quadrant_frame(i: int, height: int = 64, width: int = 96) -> np.ndarray:
-    """White top-left quadrant, grey top-right, black bottom: tells the four turns apart."""
-    img = np.zeros((height, width, 3), np.uint8)
-    img[: height // 2, : width // 2] = 255
-    img[: height // 2, width // 2:] = 128
-    return img
-
-
-def quadrant_means(img: np.ndarray) -> list[int]:
-    h, w = img.shape[0] // 2, img.shape[1] // 2
-    return [int(round(q.mean() / 32)) for q in (img[:h, :w], img[:h, w:], img[h:, :w], img[h:, w:])]
 
 
 def test_anamorphic_and_rotated(tmp_path):

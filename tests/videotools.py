@@ -301,3 +301,16 @@ def serve_files(root: str | Path, stall: float = 0.0):
 def _flag(flag):
     """A Disposition as the PyAV here sets it: PyAV 15's is a plain enum.Flag, set as its int."""
     return flag if hasattr(flag, "__int__") else flag.value
+
+
+def quadrant_frame(i: int, height: int = 64, width: int = 96) -> np.ndarray:
+    """White top-left quadrant, grey top-right, black bottom: tells the four turns apart."""
+    img = np.zeros((height, width, 3), np.uint8)
+    img[: height // 2, : width // 2] = 255
+    img[: height // 2, width // 2 :] = 128
+    return img
+
+
+def quadrant_means(img: np.ndarray) -> list[int]:
+    h, w = img.shape[0] // 2, img.shape[1] // 2
+    return [int(round(q.mean() / 32)) for q in (img[:h, :w], img[:h, w:], img[h:, :w], img[h:, w:])]
