@@ -1,11 +1,12 @@
-"""A GRPO update on given sequences, run by tests/test_train_distributed.py as one process or under
-torchrun (FSDP2 over gloo): the update, then a greedy generation with the gathered weights, and
-rank 0 writes what the test compares.
+"""GRPO updates on given sequences, run by tests/test_train_distributed.py in its own process or
+under torchrun (FSDP2 over gloo): each update, then a greedy generation with the gathered weights,
+and rank 0 writes what the test compares.
 
-    python tests/dist_worker.py SEQS.pkl MODEL_DIR OUT.pt [engine] [layout]
+    python tests/dist_worker.py SEQS.pkl MODEL_DIR ENGINE OUT.pt:LAYOUT [OUT.pt:LAYOUT ...]
 
-layout: `one` (default) packs one sequence per pass, `packed` the trainer's default token budget
-(several sequences a pass), `padded` the padded path (packing off, one sequence a pass).
+layout: `one` packs one sequence per pass, `packed` the trainer's default token budget (several
+sequences a pass), `padded` the padded path (packing off, one sequence a pass). Several updates in
+one launch start each from the same weights: a process group and its imports, paid once.
 """
 
 from __future__ import annotations
@@ -16,11 +17,8 @@ import sys
 import torch
 
 
-def main() -> None:
-    seqs_path, model_dir, out_path = sys.argv[1:4]
-    kind = sys.argv[4] if len(sys.argv) > 4 else "auto"
-    layout = sys.argv[5] if len(sys.argv) > 5 else "one"
-    torch.set_num_threads(1)
+def update(seqs_path: str, model_dir: str, kind: str, jobs: list[tuple[str, str]]) -> None:
+    """One GRPO update per (out_path, layout), each from MODEL_DIR's weights."""
     from paravt.backends.base import GenerateRequest
     from paravt.backends.hf import HFBackend, Renderer
     from paravt.train.checkpoint import load_policy, make_optimizer
@@ -33,26 +31,36 @@ def main() -> None:
     # sequence per packed pass on one process as on two, the same fp32 sums (packing several changes
     # them by ulps, which Adam at lr 1e-3 lifts past the test's tolerance on the weights)
     layouts = {"one": {"token_budget": 1}, "packed": {}, "padded": {"packing": False}}
-    cfg = GRPOConfig(lr=1e-3, kl_coef=0.01, kl_mode="loss", micro_batch_size=1, ppo_epochs=2, engine=kind,
-                     device="cpu", **layouts[layout])
-    engine = init_engine(cfg.engine, cfg.device, cfg.mixed_precision)
-    model, processor = load_policy(model_dir, device="cpu")
-    model.train()
-    model = engine.prepare(model)
-    base = engine.unwrap(model)
-    ref, _ = load_policy(model_dir, device="cpu")
-    ref = engine.prepare(ref, frozen=True)
-    renderer = Renderer(processor)
-    params, opt, _ = make_optimizer(base, cfg)
-    mine = data["seqs"][engine.rank::engine.world]
-    metrics = _update(cfg, engine, model, base, ref, renderer, opt, params, mine, 0)
-    base.eval()
-    with engine.gathered(model):
-        gen = HFBackend(base, processor).generate_sync([GenerateRequest(data["request"], max_new_tokens=12)])[0]
-    state = engine.full_state_dict(model)
-    if engine.main:
-        torch.save({"metrics": metrics, "state": state, "tokens": gen.token_ids, "logprobs": gen.logprobs}, out_path)
-    engine.close()
+    engine = None
+    for out_path, layout in jobs:
+        cfg = GRPOConfig(lr=1e-3, kl_coef=0.01, kl_mode="loss", micro_batch_size=1, ppo_epochs=2, engine=kind,
+                         device="cpu", **layouts[layout])
+        engine = engine or init_engine(cfg.engine, cfg.device, cfg.mixed_precision)
+        model, processor = load_policy(model_dir, device="cpu")
+        model.train()
+        model = engine.prepare(model)
+        base = engine.unwrap(model)
+        ref, _ = load_policy(model_dir, device="cpu")
+        ref = engine.prepare(ref, frozen=True)
+        renderer = Renderer(processor)
+        params, opt, _ = make_optimizer(base, cfg)
+        mine = data["seqs"][engine.rank::engine.world]
+        metrics = _update(cfg, engine, model, base, ref, renderer, opt, params, mine, 0)
+        base.eval()
+        with engine.gathered(model):
+            gen = HFBackend(base, processor).generate_sync([GenerateRequest(data["request"], max_new_tokens=12)])[0]
+        state = engine.full_state_dict(model)
+        if engine.main:
+            torch.save({"metrics": metrics, "state": state, "tokens": gen.token_ids, "logprobs": gen.logprobs},
+                       out_path)
+    if engine is not None:
+        engine.close()
+
+
+def main() -> None:
+    seqs_path, model_dir, kind, *jobs = sys.argv[1:]
+    torch.set_num_threads(1)
+    update(seqs_path, model_dir, kind, [tuple(job.rsplit(":", 1)) for job in jobs])
 
 
 if __name__ == "__main__":

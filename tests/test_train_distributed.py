@@ -26,12 +26,10 @@ TOL = 1e-5  # fp32 sums in another order (two shards, then a reduce) differ by a
 
 
 def _run(args: list[str], nproc: int, cwd: Path) -> subprocess.CompletedProcess:
+    """`torchrun --nproc_per_node NPROC ARGS` (the one-process references run in the test's process)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    if nproc > 1:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
-               str(free_port()), *args]
-    else:
-        cmd = [sys.executable, *args]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
+           str(free_port()), *args]
     r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r
@@ -48,8 +46,13 @@ def sft(split: Path, out: Path, nproc: int, engine: str, **over) -> list[dict]:
     opts = {**dict(model="tiny", data=split / "sft.parquet", out=out, steps=4, batch_size=2, micro_batch_size=1,
                    token_budget=1, lr=1e-3, warmup_steps=0, engine=engine, device="cpu", save_every=2, threads=1),
             **over}
-    args = ["-m", "paravt", "train", "sft"] + [x for k, v in opts.items() for x in ("-o", f"{k}={v}")]
-    _run(args, nproc, out.parent)
+    overrides = [f"{k}={v}" for k, v in opts.items()]
+    if nproc > 1:
+        _run(["-m", "paravt", "train", "sft"] + [x for o in overrides for x in ("-o", o)], nproc, out.parent)
+    else:  # the same entry point as the CLI's, in this process: a fresh one's imports cost the suite ~6 s a run
+        from paravt.train import run_training
+
+        run_training("sft", None, overrides)
     return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
 
 
@@ -113,15 +116,31 @@ def rollouts(tiny_dir, tmp_path_factory):
     return path
 
 
-def test_grpo_update_on_two_processes_equals_one_and_its_checkpoint_answers_the_same(tiny_dir, rollouts, tmp_path):
+@pytest.fixture(scope="module")
+def fsdp_updates(tiny_dir, rollouts, tmp_path_factory) -> dict[str, dict]:
+    """The update in each layout the tests compare, on two FSDP processes: one launch for both."""
+    d = tmp_path_factory.mktemp("fsdp")
+    layouts = ("one", "packed")
+    _run([str(ROOT / "tests" / "dist_worker.py"), str(rollouts), str(tiny_dir), "fsdp",
+          *(f"{d / layout}.pt:{layout}" for layout in layouts)], 2, d)
+    return {layout: torch.load(d / f"{layout}.pt") for layout in layouts}
+
+
+def single_update(tiny_dir: Path, rollouts: Path, tmp_path: Path, layout: str) -> dict:
+    """The update on one process (engine single), this one: the reference the FSDP runs must equal."""
+    from tests.dist_worker import update
+
+    update(str(rollouts), str(tiny_dir), "single", [(str(tmp_path / f"{layout}.pt"), layout)])
+    return torch.load(tmp_path / f"{layout}.pt")
+
+
+def test_grpo_update_on_two_processes_equals_one_and_its_checkpoint_answers_the_same(tiny_dir, rollouts, fsdp_updates,
+                                                                                       tmp_path):
     """One PARA-GRPO update (PPO-clip + KL to a sharded frozen reference, token-level anchoring in
     the advantages) of the same sequences split over two FSDP processes: the same loss and weights.
     The greedy answer of the updated model, generated in the workers with the gathered weights,
     is the one the consolidated weights give after load_model."""
-    worker = str(ROOT / "tests" / "dist_worker.py")
-    _run([worker, str(rollouts), str(tiny_dir), str(tmp_path / "one.pt"), "single"], 1, tmp_path)
-    _run([worker, str(rollouts), str(tiny_dir), str(tmp_path / "two.pt"), "fsdp"], 2, tmp_path)
-    one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    one, two = single_update(tiny_dir, rollouts, tmp_path, "one"), fsdp_updates["one"]
     for k in ("loss", "pg_loss", "kl", "trained_tokens"):
         assert one["metrics"][k] == pytest.approx(two["metrics"][k], abs=TOL), k
     assert one["metrics"]["kl"] > 0 and one["metrics"]["trained_tokens"] > 0
@@ -143,16 +162,13 @@ def test_grpo_update_on_two_processes_equals_one_and_its_checkpoint_answers_the_
     assert got.logprobs == pytest.approx(two["logprobs"], abs=1e-4)
 
 
-def test_packed_grpo_update_on_two_processes_equals_the_padded_one_on_one(tiny_dir, rollouts, tmp_path):
+def test_packed_grpo_update_on_two_processes_equals_the_padded_one_on_one(tiny_dir, rollouts, fsdp_updates, tmp_path):
     """The update as it runs on GPUs: FSDP2, several sequences packed into each forward pass
     (per-sequence attention, log π_τ in chunks at trained positions, the reference's too), against
     the padded path on one process: the same loss, KL and weights (within what two Adam steps at
     lr 1e-3 make of fp32 sums in another order: changing the padded path's micro_batch_size alone
     moves the weights by ~3e-6)."""
-    worker = str(ROOT / "tests" / "dist_worker.py")
-    _run([worker, str(rollouts), str(tiny_dir), str(tmp_path / "padded.pt"), "single", "padded"], 1, tmp_path)
-    _run([worker, str(rollouts), str(tiny_dir), str(tmp_path / "packed.pt"), "fsdp", "packed"], 2, tmp_path)
-    padded, packed = torch.load(tmp_path / "padded.pt"), torch.load(tmp_path / "packed.pt")
+    padded, packed = single_update(tiny_dir, rollouts, tmp_path, "padded"), fsdp_updates["packed"]
     for k in ("loss", "pg_loss", "kl", "trained_tokens", "entropy"):
         assert padded["metrics"][k] == pytest.approx(packed["metrics"][k], abs=TOL), k
     worst = max(float((padded["state"][k].float() - packed["state"][k].float()).abs().max()) for k in padded["state"])
