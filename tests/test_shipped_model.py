@@ -115,8 +115,15 @@ def test_shipped_model_crops_in_parallel_when_the_overview_is_sparse(val_split, 
     model dispatches several crops in one turn, the sub-agents (the same model) report what their
     windows show, and the answer beats chance (measured on this split: 4.7 crops per colour
     question; 7 of 20 colours right, where chance is 2.5)."""
-    _, rows = _eval(val_split, tmp_path / "eval", frames=4, max_new_tokens=320)
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(val_split / "rl.parquet")  # the colour questions alone: the claims are theirs
+    kinds = [json.loads(x)["kind"] for x in table.column("extra_info").to_pylist()]
+    colour_only = val_split / "colour.parquet"  # beside rl.parquet: its video paths stay relative to the split
+    pq.write_table(table.take([i for i, k in enumerate(kinds) if k == "colour_oe"]), colour_only)
+    _, rows = _eval(colour_only, tmp_path / "eval", frames=4, max_new_tokens=320)
     colour = _by_kind(rows)["colour_oe"]
+    assert len(rows) == len(colour) == 20
     first_turn_calls = [len(r["episode"]["turns"][0]["calls"]) for r in colour]
     assert sum(first_turn_calls) / len(colour) >= 3, first_turn_calls
     assert sum(r["score"] for r in colour) / len(colour) >= 0.2, [r["prediction"] for r in colour]
