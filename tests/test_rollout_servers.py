@@ -109,31 +109,31 @@ def test_a_dead_server_is_routed_around_then_started_again_and_a_given_one_dropp
     """One launched server dies: requests go to the other, and the next sync starts it again on the new
     weights. A server given by URL that fails the sync is dropped; with none left the sync says so."""
     from paravt.models import load_model
+    from paravt.procs import free_port
     from paravt.train.engine import init_engine
 
-    cfg = RolloutConfig(engine="servers", launch="paravt", devices=["cpu", "cpu"], start_timeout_s=300)
-    pair = RolloutServers.start(cfg, str(DEFAULT_MODEL), tmp_path / "logs")
-    try:
-        os.killpg(pair.procs[1].pid, signal.SIGKILL)  # the server's process group: its guard, it, its children
-        pair.procs[1].wait()
-        assert wait_port_free(pair.launched[pair.urls[1]]["port"])
-        backend = pair.backend()
-        backend.backoff_s = 0.01
-        outs = asyncio.run(backend.generate([request() for _ in range(4)]))
-        assert all(o.token_ids for o in outs) and {o.served_by for o in outs} == {pair.urls[0]}
-        model, processor = load_model(str(DEFAULT_MODEL), device="cpu")
-        weights = write_sync_weights(init_engine("single", "cpu"), model, processor, tmp_path, "1")
-        pair.sync(weights, "1")
-        assert len(pair.urls) == 2 and pair.restarts == 1 and pair.version == {u: "1" for u in pair.urls}
-        assert json.loads((tmp_path / "logs" / "server_1.pid").read_text())["pid"] == pair.procs[1].pid
-        assert served(pair, pair.urls[1]).token_ids  # the started-again server answers
-    finally:
-        pair.close()
-    live, gone = servers.urls[0], pair.urls[0]  # given by URL: one answering, one stopped above
+    restarts = servers.restarts
+    os.killpg(servers.procs[1].pid, signal.SIGKILL)  # the server's process group: its guard, it, its children
+    servers.procs[1].wait()
+    assert wait_port_free(servers.launched[servers.urls[1]]["port"])
+    backend = servers.backend()
+    backend.backoff_s = 0.01
+    outs = asyncio.run(backend.generate([request() for _ in range(4)]))
+    assert all(o.token_ids for o in outs) and {o.served_by for o in outs} == {servers.urls[0]}
+    model, processor = load_model(str(DEFAULT_MODEL), device="cpu")
+    weights = write_sync_weights(init_engine("single", "cpu"), model, processor, tmp_path, "1")
+    servers.sync(weights, "1")
+    assert len(servers.urls) == 2 and servers.restarts == restarts + 1
+    assert servers.version == {u: "1" for u in servers.urls}
+    pid_file = servers.launched[servers.urls[1]]["log"].with_suffix(".pid")
+    assert json.loads(pid_file.read_text())["pid"] == servers.procs[1].pid
+    assert served(servers, servers.urls[1]).token_ids  # the started-again server answers
+
+    live, gone = servers.urls[0], f"http://127.0.0.1:{free_port()}"  # given by URL: one answering, one not
     # servers given by URL are reached with the key configured for them (the fixture's launched ones want theirs)
     given = RolloutServers(RolloutConfig(engine="servers", servers=[live, gone], start_timeout_s=5,
                                          api_key=servers.api_key), [live, gone])
-    given.sync(weights, "2")  # the stopped one is dropped; the live one's sync is not disturbed by it
+    given.sync(weights, "2")  # the dead one is dropped; the live one's sync is not disturbed by it
     assert given.urls == [live] and given.version[live] == "2"
     assert servers._http[live].get(live + "/weight_info").json() == {"weight_version": "2"}
     with pytest.raises(Exception, match="no rollout server is left"):
