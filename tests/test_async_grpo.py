@@ -164,21 +164,34 @@ def _perturbed(model, seed: int):
     return model
 
 
+@pytest.fixture(scope="module")
+def one_at_a_time(tmp_path_factory):
+    """A launched `paravt serve --max-batch 1` (one request at a time: the next groups are still
+    generating when a sync comes), shared by both pauses: each test syncs it to its own weights first."""
+    from paravt.train.rollout import RolloutConfig, RolloutServers
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    rc = RolloutConfig(engine="servers", launch="paravt", devices=["cpu"], start_timeout_s=300,
+                       server_args=["--max-batch", "1"])
+    servers = RolloutServers.start(rc, str(DEFAULT_MODEL), tmp_path_factory.mktemp("logs"))
+    yield servers
+    servers.close()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("pause", ["drain", "abort"])
-def test_a_sync_mid_generation_loses_nothing_and_mixes_no_versions(mini_split, tmp_path, pause):
+def test_a_sync_mid_generation_loses_nothing_and_mixes_no_versions(mini_split, tmp_path, pause, one_at_a_time):
     """The producer runs ahead (s = 1) while the trainer syncs new weights twice: the generations in
     flight end on the old weights first (drain) or are cut and sent again (abort), every group comes
     back, and each call's tokens have exactly the logprobs of the weights of the version it carries."""
-    # one request at a time: the next groups are still generating when a sync comes
-    check_sync_mid_generation(mini_split, tmp_path, pause, launch="paravt", server_args=["--max-batch", "1"])
+    check_sync_mid_generation(mini_split, tmp_path, pause, servers=one_at_a_time)
 
 
-def check_sync_mid_generation(data, tmp_path, pause: str, atol: float = 2e-4, min_done: int = 2,
+def check_sync_mid_generation(data, tmp_path, pause: str, atol: float = 2e-4, min_done: int = 2, servers=None,
                               **servers_cfg) -> None:
-    """The test above on servers launched with `servers_cfg` (RolloutConfig fields): also run on vLLM
-    by tests/test_vllm.py (whose kernels differ from torch's by a few 1e-4 a token: `atol`; each
-    version's weights differ from the last by far more)."""
+    """The test above on `servers`, or on servers launched here with `servers_cfg` (RolloutConfig
+    fields): also run on vLLM by tests/test_vllm.py (whose kernels differ from torch's by a few 1e-4 a
+    token: `atol`; each version's weights differ from the last by far more)."""
     from paravt.agent import EpisodeConfig
     from paravt.backends.hf import Renderer, sequence_logprobs
     from paravt.models import load_model
@@ -188,6 +201,8 @@ def check_sync_mid_generation(data, tmp_path, pause: str, atol: float = 2e-4, mi
     from paravt.train.rollout import RolloutConfig, RolloutServers, ServerGate, write_sync_weights
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if servers is not None:
+        servers_cfg = {"launch": servers.cfg.launch, "server_args": servers.cfg.server_args}
     rc = RolloutConfig(engine="servers", devices=["cpu"], start_timeout_s=300, max_staleness=1, sync_pause=pause,
                        **servers_cfg)
     cfg = GRPOConfig(data=str(data / "rl.parquet"), prompts_per_step=2, rollouts_per_prompt=2, rollout=rc,
@@ -197,7 +212,9 @@ def check_sync_mid_generation(data, tmp_path, pause: str, atol: float = 2e-4, mi
     engine = init_engine("single", "cpu")
     model, processor = load_model(str(DEFAULT_MODEL), device="cpu")
     weights = {}
-    servers = RolloutServers.start(rc, str(DEFAULT_MODEL), tmp_path / "logs")
+    own = servers is None
+    if own:
+        servers = RolloutServers.start(rc, str(DEFAULT_MODEL), tmp_path / "logs")
     servers.banned_ids = Renderer(processor).banned_ids  # as the trainer sets them
     producer = None
     # The first sync must come while the first groups generate, some of their calls done on version 0
@@ -242,7 +259,8 @@ def check_sync_mid_generation(data, tmp_path, pause: str, atol: float = 2e-4, mi
         ServerGate.leave = leave
         if producer is not None:
             producer.close()
-        servers.close()
+        if own:
+            servers.close()
     # generations were in flight at the syncs: abort cut them (sent again), drain let them end first
     assert (resent > 0, drained > 0) == ((True, False) if pause == "abort" else (False, True)), (resent, drained)
     versions = sorted({v for g in taken for v in g.versions})
