@@ -1,4 +1,4 @@
-"""The episode loop (SPEC §1) in every mode, driven by scripted main turns over a real small video."""
+"""The episode loop in every mode, driven by scripted main turns over a real small video."""
 
 import asyncio
 import json

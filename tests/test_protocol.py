@@ -372,7 +372,8 @@ def test_user_prompt_and_answer_instructions(qtype, needle):
     text = P.user_prompt_text(" Which colour? ", 312.54, qtype)
     assert text.startswith("The video lasts 312.5 seconds.") and "Question: Which colour?" in text
     assert text.endswith(P.answer_instruction(qtype)) and needle in text
-    # SPEC 6.7: the answer instruction is the same whatever the mode, and the final nudge repeats it
+    # the answer instruction is the same whatever the mode (the release's eval swapped those of its tool
+    # and no-tool prompts), and the final nudge repeats it
     assert P.final_answer_instruction(qtype).endswith(P.answer_instruction(qtype))
     assert "cannot call the tool" in P.final_answer_instruction(qtype)
 
@@ -527,7 +528,7 @@ def test_official_profile_reproduces_the_release_layout():
     sub = P.subagent_prompt(65, 80.5, "Which colour?", profile="official")
     assert sub.startswith("You are analyzing a video segment from 01:05 to 01:20 (duration: 15.5 seconds).")
     assert sub.endswith("Summary:") and "Which colour?" not in sub
-    # SPEC 6.7: the tool prompt's answer instruction (the public eval gave it to the no-tool prompt)
+    # the tool prompt's answer instruction (the public eval gave it to the no-tool prompt)
     u = P.user_prompt_text("Q?\nA. x\nB. y", 60, "mcq", profile="official")
     assert u.startswith("Q?\nA. x") and "use crop_video if needed" in u and "<answer>X</answer>" in u
     assert P.final_answer_instruction("mcq", "official") == "Based on the video and cropped segments above, answer with ONLY the letter."

@@ -62,3 +62,35 @@ def test_version_flag():
     import paravt
 
     assert r.returncode == 0 and r.stdout.strip() == f"paravt {paravt.__version__}"
+
+
+# The code once cited an internal design note by its name in capitals and a section number; the note is not
+# in the repository, so no reader could follow those citations. Code and docs cite docs/*.md or the paper
+# (arXiv 2605.20342), or state the fact.
+_NOTE_CITATION = re.compile(r"\bSPEC\b")  # not CHAT_SPECIALS, QWEN_SPECIAL, TORCH_SPEC
+_TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".sh", ".toml", ".js", ".html", ".css", ".txt", ".jinja", ".cfg"}
+
+
+def _tracked_text_files(root: Path) -> list[Path]:
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, text=True, timeout=60)
+        names = [n for n in out.stdout.split("\0") if n] if out.returncode == 0 else []
+    except OSError:  # no git: walk the tree instead
+        names = []
+    if not names:  # not a git checkout: every file but the local ones (venv, runs, data)
+        local = {".git", ".venv", "runs", "outputs", "data", "build", "dist"}
+        for d, dirs, files in os.walk(root):
+            dirs[:] = [x for x in dirs if x not in {"__pycache__", "node_modules"} and not (d == str(root) and x in local)]
+            names += [os.path.relpath(os.path.join(d, x), root) for x in files]
+    paths = [root / n for n in names]
+    return [p for p in paths if (p.suffix in _TEXT_SUFFIXES or p.name == "Makefile") and p.is_file()]
+
+
+def test_no_file_cites_the_internal_design_note():
+    root = README.parent
+    files = _tracked_text_files(root)
+    assert any(p.name == "README.md" for p in files)
+    cited = [f"{p.relative_to(root)}:{i}: {line.strip()}"
+             for p in files for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+             if _NOTE_CITATION.search(line)]
+    assert not cited, "cite docs/*.md or the paper (arXiv 2605.20342), or state the fact:\n" + "\n".join(cited)

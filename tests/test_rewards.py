@@ -244,7 +244,7 @@ def test_format_of_episodes(turns, prefix, expected):
         (ANS + THINK, "", 0.4),  # answer before think: no flow
         (THINK + "<think>again", "", 0.4 - 0.3),
         ("the red circle shows up late</think>" + ANS, P.THINK_PREFIX, 0.7),
-        ("the red circle shows up late</think>" + ANS, "", 0.0),  # without the prefix nothing fires (SPEC 6.2)
+        ("the red circle shows up late</think>" + ANS, "", 0.0),  # without the prefix nothing fires
         ("still thinking about it", P.THINK_PREFIX, -0.3),
     ],
 )

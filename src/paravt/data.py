@@ -1,4 +1,4 @@
-"""ParaVT-Parquet RL rows (SPEC §4), shared by training and evaluation.
+"""ParaVT-Parquet RL rows, shared by training and evaluation.
 
 A row: `prompt` (list of {role, content}; the user text holds a `<video>` placeholder),
 `videos` (list of {"video": path relative to a video root}), `extra_info` (JSON string or
@@ -27,7 +27,8 @@ class RLSample:
     answer: str
     question_type: str  # mcq | tvg | oe
     extra: dict = field(default_factory=dict)  # the whole extra_info
-    system: str | None = None  # the row's own system prompt, when it has one (kept: SPEC §4)
+    # the row's own system prompt, when it has one (kept: the official profile appends its tool block to it)
+    system: str | None = None
 
 
 def _json(value, what: str):

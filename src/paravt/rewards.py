@@ -1,10 +1,10 @@
-"""PARA-GRPO rewards (SPEC §2): accuracy, format, exploration anchoring, tool use, their sum.
+"""PARA-GRPO rewards (docs/rewards.md): accuracy, format, exploration anchoring, tool use, their sum.
 
 Every term reads the main agent's generated text of the whole episode: each main turn with its
 forced prefix counted as present (the public release scored the text without the forced
-`<think>\\n`, so its anchor bonuses never fired: SPEC §6.2), tool responses excluded. The
+`<think>\\n`, so its anchor bonuses never fired), tool responses excluded. The
 "executed" tool tier comes from the episode's record of executed calls, never from the
-generated text, where `<tool_response>` never appears (SPEC §6.6).
+generated text, where `<tool_response>` never appears.
 
 `RewardConfig.release_compat` scores as the release did instead (both defects, for comparison runs):
 `scored_prefix` drops the forced prefix, `release_executed` reads the executed tier from the text.
@@ -32,7 +32,7 @@ from paravt import protocol as P
 
 @dataclass
 class RewardConfig:
-    """The reward constants of the public recipe (SPEC §2) as defaults."""
+    """The reward constants of the public recipe (docs/rewards.md) as defaults."""
 
     w_fmt: float = 1.0
     w_acc: float = 1.0  # R = w_acc·R_acc + w_fmt·R_fmt + w_tool·R_tool; the recipe weighs accuracy and tool at 1
@@ -57,8 +57,8 @@ class RewardConfig:
     shaping_scale: float = 10.0
     shaping_clip: float = 20.0
     # score as the public release did (docs/rewards.md): the forced prefix left out of the text that R_fmt,
-    # the anchor terms and the degeneracy check read (SPEC §6.2), and the executed tool tier read from
-    # `<tool_response>` in the generated text, where it never is (SPEC §6.6). For comparison runs only.
+    # the anchor terms and the degeneracy check read, and the executed tool tier read from
+    # `<tool_response>` in the generated text, where it never is. For comparison runs only.
     release_compat: bool = False
 
     def __post_init__(self) -> None:
@@ -250,7 +250,8 @@ def accuracy_reward(
 
 def scored_prefix(prefix: str, cfg: RewardConfig) -> str:
     """The forced prefix as the scorer sees it: present (paravt), or left out as the release left it
-    (`release_compat`, SPEC §6.2), so that the terms reading the think cannot see the one it opened."""
+    (`release_compat`; docs/rewards.md, "The release's reward as an option", 1), so that the terms reading
+    the think cannot see the one it opened."""
     return "" if cfg.release_compat else (prefix or "")
 
 
@@ -371,9 +372,10 @@ def tool_reward(n_parsed_calls: int, n_executed_calls: int, acc: float, cfg: Rew
 
 
 def release_executed(main_texts: Sequence[str], n_parsed_calls: int) -> int:
-    """The release's executed tier (SPEC §6.6): 1 when the generated text holds `<tool_response>` beside a
-    parseable call, else 0. Tool responses are never part of the generated text, so this is 0 in practice
-    and a call that ran earns the parsed tier (0.1), not the executed one (0.3)."""
+    """The release's executed tier (docs/rewards.md, "The release's reward as an option", 2): 1 when the
+    generated text holds `<tool_response>` beside a parseable call, else 0. Tool responses are never part of
+    the generated text, so this is 0 in practice and a call that ran earns the parsed tier (0.1), not the
+    executed one (0.3)."""
     return int(n_parsed_calls > 0 and any(P.TOOL_RESPONSE_OPEN in (t or "") for t in main_texts))
 
 

@@ -1,4 +1,4 @@
-"""Subtitles as timed cues, and which of them a model sees with which frames (SPEC §5).
+"""Subtitles as timed cues, and which of them a model sees with which frames.
 
 Each benchmark's protocol decides that, and they differ:
 

@@ -1,4 +1,4 @@
-"""The episode: one loop for `paravt ask`, `paravt eval` and PARA-GRPO rollouts (SPEC §1).
+"""The ParaVT episode (arXiv 2605.20342): one loop for `paravt ask`, `paravt eval` and PARA-GRPO rollouts.
 
 overview (K timestamped frames) -> main turn -> the turn's crop_video calls run concurrently,
 each by a sub-agent with a fresh context -> summaries return in call order -> ... -> answer.

@@ -15,7 +15,8 @@ EventHook = Callable[[str, dict], None]
 
 @dataclass
 class EpisodeConfig:
-    """How an episode runs; the defaults are the paper's evaluation settings (SPEC §1)."""
+    """How an episode runs; the defaults are the paper's evaluation settings (listed in
+    paravt.eval.runner.eval_config)."""
 
     mode: str = "parallel"  # parallel | sequential | inline | none
     frames: int = 64  # overview K
@@ -40,14 +41,15 @@ class EpisodeConfig:
     seed: int | None = None
     prompts: str = "paravt"  # prompt profile: paravt | official (the layout ParaVT-8B was trained with)
     # The last round's forced turn keeps the think prefix and the full max_new_tokens: a real model
-    # reasons before it answers, and with a forced `<think>` the SPEC's 64-token answer budget ends
-    # it mid-thought, before any <answer>. False: no think prefix, answer_max_new_tokens_* budget
-    # (the public evaluation's direct "answer with the letter" turn).
+    # reasons before it answers, and with a forced `<think>` the evaluation's 64-token MCQ answer
+    # budget ends it mid-thought, before any <answer>. False: no think prefix,
+    # answer_max_new_tokens_* budget (the public evaluation's direct "answer with the letter" turn).
     final_turn_think: bool = True
     # A turn with a call that cannot be read. "respond": its good calls run and each bad one is
-    # answered with an error in its own response (SPEC §1.6). "end": read as the public release
-    # reads calls (`protocol.strict_calls`, all or nothing): none of the turn's calls run and
-    # the episode ends on that turn, so a broken call costs the answer (for comparison runs).
+    # answered with an error in its own response (why: docs/rl.md, 'Departures from the release that
+    # stay, and why'). "end": read as the public release reads calls (`protocol.strict_calls`, all or
+    # nothing): none of the turn's calls run and the episode ends on that turn, so a broken call costs
+    # the answer (for comparison runs).
     on_bad_call: str = "respond"
 
     def __post_init__(self) -> None:

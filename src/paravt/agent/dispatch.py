@@ -1,7 +1,8 @@
 """One round of tool calls: every call the main agent wrote, in the order written, answered in that
 order. Readable calls within the mode's limit run concurrently, each by a sub-agent with a fresh
 context (or, in inline mode, as the window's frames themselves); an unreadable call, one over the
-limit, and any failure inside a call become an error text in that call's own response (SPEC §1.6).
+limit, and any failure inside a call become an error text in that call's own response: the other
+calls and the episode go on.
 """
 
 from __future__ import annotations
@@ -152,7 +153,7 @@ class _Round:
             sub.error = f"could not read the video window: {str(e).split(': ', 1)[-1]}"
         except asyncio.TimeoutError:
             sub.error = f"decoding the window took longer than {cfg.call_timeout_s:g} seconds"
-        except Exception as e:  # noqa: BLE001 - failure is local to the call (SPEC §1.6)
+        except Exception as e:  # noqa: BLE001 - failure is local to the call
             sub.error = f"the call failed ({type(e).__name__}: {e})"
         return [], None
 

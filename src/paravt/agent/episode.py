@@ -1,4 +1,4 @@
-"""The episode loop (SPEC §1): one loop for `paravt ask`, `paravt eval` and PARA-GRPO rollouts.
+"""The episode loop (its steps: paravt.agent): one loop for `paravt ask`, `paravt eval`, PARA-GRPO rollouts.
 
 overview (K timestamped frames) -> main turn -> the turn's crop_video calls run concurrently
 (paravt.agent.dispatch) -> summaries return in call order -> ... -> answer.
@@ -35,7 +35,7 @@ async def run_episode(
     overview_frames: int | None = None,
     system: str | None = None,
 ) -> Episode:
-    """Run one episode (SPEC §1). Raises VideoError when the episode's own video cannot be read,
+    """Run one episode. Raises VideoError when the episode's own video cannot be read,
     and BackendError when the main agent's model cannot be reached; everything that goes wrong
     inside a tool call stays inside that call's <tool_response>.
 

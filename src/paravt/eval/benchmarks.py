@@ -1,7 +1,7 @@
-"""Benchmark loaders (SPEC §5): each reads a benchmark's own published annotation files from a
-local directory, exactly as distributed (Hugging Face Hub or the authors' repositories), and
-yields `Sample`s. The comment above each loader names the file and its fields and where that
-schema comes from. Nothing is downloaded here.
+"""Benchmark loaders (the splits of the paper's Table 1, and SynthVT): each reads a benchmark's own
+published annotation files from a local directory, exactly as distributed (Hugging Face Hub or the
+authors' repositories), and yields `Sample`s. The comment above each loader names the file and its
+fields and where that schema comes from. Nothing is downloaded here.
 
 A sample whose video file is absent is reported (id and where it was looked for) and skipped,
 never paired with another sample's file of the same name; a malformed annotation row is a
@@ -454,8 +454,8 @@ def _mlvu(data: Path, finder: VideoFinder, out: Loaded) -> Iterator[Sample]:
 # videos/{Subject}/{n}.mp4), youtube_url, question_type ("multiple-choice" | "open-ended"), metadata
 # {subject, textbook, knowledge, rationale}, question, choices ({"A": ..., "E": ...}, all values ""
 # for open-ended), answer (a letter, or the reference text for open-ended)}; checked on that file.
-# `mmvu` is the multiple-choice part (SPEC §5: MCQ accuracy); `mmvu_all` adds the open-ended
-# questions, scored by the open-ended metric of RewardConfig (token F1 by default, not the authors'
+# `mmvu` is the multiple-choice part (MCQ accuracy, the paper's MMVU figure); `mmvu_all` adds the
+# open-ended questions, scored by the open-ended metric of RewardConfig (token F1 by default, not the authors'
 # GPT judge). Every subject folder has its own 0.mp4, 1.mp4, ..., so a video is looked for only at
 # its own Subject/n.mp4 path, never by file name.
 def _mmvu(data: Path, finder: VideoFinder, out: Loaded, include_oe: bool) -> Iterator[Sample]:
@@ -516,7 +516,7 @@ def _charades(data: Path, finder: VideoFinder, out: Loaded) -> Iterator[Sample]:
                      question_type="tvg", extras={"query": query, "span": [s, e]})
 
 
-# SynthVT (paravt synth): ParaVT-Parquet RL rows (SPEC §4), read by the shared paravt.data.load_rl_rows;
+# SynthVT (paravt synth): ParaVT-Parquet RL rows, read by the shared paravt.data.load_rl_rows;
 # video paths in the rows are relative to the split directory (or to --videos when given).
 def _synthvt(data: Path, finder: VideoFinder, out: Loaded) -> Iterator[Sample]:
     from paravt.data import DataError, load_rl_rows

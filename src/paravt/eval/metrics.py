@@ -1,4 +1,4 @@
-"""Scoring one prediction and summarising a run (SPEC §5).
+"""Scoring one prediction and summarising a run (how benchmarks' own scorers differ: docs/lmms_eval.md).
 
 Accuracy (MCQ, open-ended) or mIoU with R@0.3/0.5/0.7 (grounding), tool use, parse problems,
 errors, latency percentiles and token counts, with breakdowns by duration class / task / subject.
@@ -20,7 +20,7 @@ TOP_CAUSES = 5  # error causes kept in a summary, most frequent first
 
 def score_prediction(prediction: str | None, answer: str, question_type: str, *, options: list[str] | None = None,
                      question: str = "", cfg: RewardConfig | None = None) -> float:
-    """R_acc of SPEC §2 (the same function the trainer rewards with): option-letter match for
+    """R_acc of docs/rewards.md (the same function the trainer rewards with): option-letter match for
     MCQ, temporal IoU of the first span for grounding, token F1 (or exact / judge) for open-ended."""
     return float(accuracy_reward(prediction, answer, question_type, cfg, options=options or None, question=question))
 

@@ -88,7 +88,7 @@ def write_text(path: Path, text: str) -> None:
 
 
 def eval_config(**overrides: Any) -> EpisodeConfig:
-    """The paper's evaluation protocol (SPEC §5): greedy, 2048 new tokens per turn, K = 64
+    """The paper's evaluation protocol: greedy, 2048 new tokens per turn, K = 64
     overview frames, 3 rounds with the last one a forced answer, 5 calls a turn. The forced turn
     keeps the think prefix and the whole budget (final_turn_think); with final_turn_think off it is
     the direct answer of 64 (MCQ) / 128 (grounding) tokens."""

@@ -5,7 +5,8 @@ A main-agent turn is `<think>…</think>` followed by either `<answer>…</answe
 Models with a Qwen prior sometimes leak `<tool_code>crop_video(start_time=…, end_time=…)</tool_code>`;
 we accept that too (read with `ast`, never evaluated). `parse` never raises: anything it cannot
 read becomes a `Problem`, and a call it cannot read is kept in `Turn.bad_calls` so that the
-episode can answer it with an error inside its own `<tool_response>` (SPEC §1.6).
+episode can answer it with an error inside its own `<tool_response>` (docs/rl.md,
+'Departures from the release that stay, and why').
 
     tags.py     the tags, and the structure of tagged text (think blocks, balance, blocks)
     tools.py    the crop_video schema, ToolCall, checked arguments, call and response texts

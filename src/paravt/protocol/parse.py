@@ -154,7 +154,8 @@ def _read_code_calls(body: str) -> tuple[list[ToolCall], list[Problem]]:
 
 def parse(text: str, prefix: str = "") -> Turn:
     """Read one generated turn. `prefix` is a forced start (e.g. THINK_PREFIX) that the model
-    did not generate but that is part of its turn: it counts as present (SPEC §6.2)."""
+    did not generate but that is part of its turn: it counts as present (docs/rewards.md; the public
+    release left it out)."""
     if not isinstance(text, str):
         text = "" if text is None else str(text)
     full = (prefix or "") + text
@@ -246,7 +247,7 @@ def strict_calls(text: str) -> tuple[list[ToolCall] | None, str | None]:
     parser): every `<tool_call>` block, the last one to the end of the text when it is never closed,
     must be one JSON object with "name" and "arguments", or the turn has no calls at all and the
     episode ends there (docs/rl.md, departures). `parse` is lenient where this is not: it reads the
-    good calls of a turn and answers each unreadable one in its own response (SPEC §1.6)."""
+    good calls of a turn and answers each unreadable one in its own response."""
     if not isinstance(text, str) or TOOL_CALL_OPEN not in text:
         return None, None
     calls = []

@@ -9,7 +9,7 @@ import json
 from paravt.protocol.tools import MAX_CALL_FRAMES, TOOL_NAME, format_tool_call, tool_schema
 
 QUESTION_TYPES = ("mcq", "tvg", "oe")
-MODES = ("parallel", "sequential", "inline", "none")  # dispatch modes (SPEC §1)
+MODES = ("parallel", "sequential", "inline", "none")  # dispatch modes (the paper's Table 2 compares the first two)
 PROMPT_KINDS = MODES + ("reasoning", "direct")  # system prompts: "reasoning" = "none"; "direct" = no think
 
 
@@ -23,8 +23,8 @@ PROMPT_KINDS = MODES + ("reasoning", "direct")  # system prompts: "reasoning" = 
 #   native tool block appended to the row's own system prompt, a `crop_video` schema with
 #   `video_path`, one user message per tool response, and the release's sub-agent prompt (frames
 #   without timestamps, the window as MM:SS, no question). Where the public EVALUATION prompt
-#   differs from training (SPEC §6.7: no timestamps on the overview, answer instructions swapped),
-#   this profile follows training.
+#   differs from training (no timestamps on the overview, the tool and no-tool answer instructions
+#   swapped), this profile follows training.
 
 PROMPT_PROFILES = ("paravt", "official")
 
@@ -152,7 +152,8 @@ def main_system(mode: str, max_parallel: int = 5, profile: str = "paravt", syste
 
 
 def answer_instruction(question_type: str) -> str:
-    """How to write the answer for a question type; the same whether tools are used or not (SPEC §6.7)."""
+    """How to write the answer for a question type; the same whether tools are used or not (the release's
+    evaluation swapped those of its tool and no-tool prompts)."""
     if question_type == "mcq":
         return "Answer with the letter of the correct option only, inside <answer> </answer>, e.g. <answer>B</answer>."
     if question_type == "tvg":
@@ -219,7 +220,7 @@ def final_answer_instruction(question_type: str, profile: str = "paravt") -> str
 
 # The release's crop_video declaration (paravt/rl/subagents/crop_video): its `parameters` holds the
 # properties directly (no "type": "object" wrapper), and `video_path` is required. The model's
-# `video_path` is never used (SPEC §1.7): the episode's own video is cropped.
+# `video_path` is never used: the episode's own video is cropped (a model never chooses a host file).
 OFFICIAL_CROP_VIDEO_TOOL: dict = {
     "type": "function",
     "function": {
@@ -237,7 +238,7 @@ OFFICIAL_CROP_VIDEO_TOOL: dict = {
 }
 
 # The release's answer instruction for the tool-using prompt (its evaluation code gave this one to
-# the no-tool prompt and vice versa: SPEC §6.7); grounding and open-ended follow our wording.
+# the no-tool prompt and vice versa); grounding and open-ended follow our wording.
 _OFFICIAL_ANSWER = {
     "mcq": "Think step by step, use crop_video if needed, then provide your answer in <answer>X</answer> tags "
            "where X is the option letter.",

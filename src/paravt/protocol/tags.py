@@ -19,8 +19,9 @@ TAG_PAIRS = (
     (THINK_OPEN, THINK_CLOSE), (ANSWER_OPEN, ANSWER_CLOSE), (TOOL_CALL_OPEN, TOOL_CALL_CLOSE),
     (TOOL_CODE_OPEN, TOOL_CODE_CLOSE), (TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE),
 )
-# Positions where Exploration Anchoring applies the format signal (SPEC §3): the closures that
-# decay under temperature sampling, and the tool-call boundaries.
+# Positions where Exploration Anchoring applies the format signal (the paper's abstract: "the
+# structural-token positions most prone to collapse"; docs/rewards.md): the closures that decay
+# under temperature sampling, and the tool-call boundaries.
 STRUCTURAL_TAGS = (THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE, TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
 
 THINK_PREFIX = THINK_OPEN + "\n"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from paravt.protocol.tags import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TOOL_RESPONSE_CLOSE, TOOL_RESPONSE_OPEN
 
 TOOL_NAME = "crop_video"
-MAX_CALL_FRAMES = 16  # a sub-agent sees at most this many frames of its window (SPEC §1.3)
+MAX_CALL_FRAMES = 16  # a sub-agent sees at most this many frames of its window (sampled at 1 fps up to this)
 
 CROP_VIDEO_TOOL: dict = {
     "type": "function",
@@ -36,7 +36,8 @@ CROP_VIDEO_TOOL: dict = {
         },
     },
 }
-# Deliberately no `video_path` parameter: the episode's own video is always the one cropped (SPEC §1.7).
+# Deliberately no `video_path` parameter: the episode's own video is always the one cropped (a model
+# must never choose a file on the host).
 
 
 @dataclass
@@ -99,7 +100,7 @@ def crop_args(call: ToolCall, duration: float | None = None) -> CropArgs:
     """Validated arguments of a crop_video call; the end is clamped to the video's duration.
 
     Any `video_path` argument is ignored: the episode's own video is always the one cropped
-    (a model must never choose a file on the host, SPEC §1.7)."""
+    (a model must never choose a file on the host)."""
     if call.name != TOOL_NAME:
         raise ToolCallError(f"unknown tool {call.name!r}; the only tool is {TOOL_NAME}")
     a = call.arguments if isinstance(call.arguments, dict) else {}

@@ -1,6 +1,6 @@
 """The tool-prior layout: the oracle's episodes written as a model pretrained on another tool format
 writes them. SFT on these rows at length gives a *base* model with a tool habit of its own, standing
-in for Qwen3-VL's pretrained tool behaviour (SPEC §3, the Tool Prior Paradox; docs/paradox.md):
+in for Qwen3-VL's pretrained tool behaviour (the paper's Tool Prior Paradox; docs/paradox.md):
 
 - no think block (an instruct model's habit): the turn starts with the call or the answer;
 - one crop_video call per turn, only on windows that hold the evidence (LongVT-style sequential

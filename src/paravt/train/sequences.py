@@ -1,4 +1,5 @@
-"""Episodes -> training sequences, token for token (SPEC §3, defects 4 and 5).
+"""Episodes -> training sequences, token for token (the public release re-templated the context after
+each tool call, which corrupted the sequence of a turn with two or more calls).
 
 A main agent's episode becomes ONE sequence: the last turn's prompt ids followed by its
 generated ids. That is exact only if every turn's context continues the previous one — turn

@@ -1,4 +1,4 @@
-"""PARA-GRPO (SPEC §3; docs/rl.md): group rollouts through the episode loop, nFrames gating,
+"""PARA-GRPO (arXiv 2605.20342; docs/rl.md): group rollouts through the episode loop, nFrames gating,
 hierarchical token-exact sequences, the recipe's estimator, PPO-clip (decoupled with asynchronous
 rollouts), on one process or many (`torchrun --nproc_per_node N -m paravt train grpo ...`).
 

@@ -1,6 +1,6 @@
 """The PARA-GRPO run's settings (YAML + `-o key=value` overrides, see train.config), checked when
 built so that a bad value fails before any model is loaded. The recipe's constants are the
-defaults (SPEC §3); docs/rl.md says where paravt departs from the release and why."""
+defaults; docs/rl.md says where paravt departs from the release and why."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from paravt.train.config import check_finite, check_trainer, load_config
 from paravt.train.rollout import RolloutConfig
 from paravt.video import MAX_FRAMES
 
-K_CHOICES = (4, 8, 16, 32, 64)  # nFrames gating: K ~ Uniform over these per prompt (SPEC §3)
+K_CHOICES = (4, 8, 16, 32, 64)  # nFrames gating: K ~ Uniform over these per prompt group
 # the step metrics (grpo.rollouts.rollout_metrics) `keep_best` may maximise: named here so a typo or a
 # YAML `yes` fails when the config loads, not after the first step
 KEEP_BEST_METRICS = ("reward", "accuracy", "format", "f_tau", "anchor", "tool", "kappa", "executed_calls",

@@ -2,7 +2,7 @@
 per epoch), nFrames gating (K per prompt group), the rollouts' sampling seeds, and the jobs they make.
 
 Everything here is reproducible from (seed, prompt id, epoch, step) on any machine and under any
-PYTHONHASHSEED: sha256, never Python's salted hash() (the release's defect 3, SPEC §6), so a resumed
+PYTHONHASHSEED: sha256, never Python's salted hash() (the public release drew K with it), so a resumed
 run, another process of a torchrun launch and the asynchronous producer plan the same groups.
 """
 
