@@ -297,6 +297,7 @@ def check_server_faults(data, tmp_path, opts: dict, start_s: float = 300) -> dic
     episode from the first run. Returns the times measured."""
     out = tmp_path / "run"
     log = out / "log.jsonl"
+    said = tmp_path / "trainer.txt"  # what the trainer prints (its stdout and stderr)
 
     def train(steps: int) -> subprocess.Popen:
         args = dict(model=DEFAULT_MODEL, data=data, out=out, steps=steps, prompts_per_step=2, rollouts_per_prompt=2,
@@ -304,13 +305,18 @@ def check_server_faults(data, tmp_path, opts: dict, start_s: float = 300) -> dic
                        "rollout.max_staleness": 2, **opts},
                     device="cpu", threads=1, lr=3e-4, save_every=1, minibatches=2)  # π_prox recomputed
         cmd = [sys.executable, "-m", "paravt", "train", "grpo"] + [x for k, v in args.items() for x in ("-o", f"{k}={v}")]
-        started.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                        env={**{k: v for k, v in os.environ.items() if k != "PARAVT_API_KEY"},
-                                             "OMP_NUM_THREADS": "1"}))
+        with open(said, "w") as f:  # a file, not a pipe: read while it runs
+            started.append(subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, text=True,
+                                            env={**{k: v for k, v in os.environ.items() if k != "PARAVT_API_KEY"},
+                                                 "OMP_NUM_THREADS": "1"}))
         return started[-1]
 
     def steps_logged(n: int, proc) -> None:
         wait_for(lambda: log.exists() and len(log.read_text().splitlines()) >= n, start_s, f"step {n}", proc)
+
+    def output(proc) -> str:
+        proc.wait(timeout=600)
+        return said.read_text()
 
     started = []  # a failed check kills its trainers: their guards then stop the servers
     try:
@@ -325,6 +331,9 @@ def check_server_faults(data, tmp_path, opts: dict, start_s: float = 300) -> dic
         steps_logged(2, proc)
         guard, stopped = server_of(out, start_s, proc=proc)
         assert guard != killed
+        # started again and synced: stopped any earlier, it fails its start (the trainer starts it again too,
+        # but by another path than the one this test is for: a call past its deadline, then the health check)
+        wait_for(lambda: ": back, on the weights of version" in said.read_text(), start_s, "the server back", proc)
         os.kill(stopped, signal.SIGSTOP)
         t_stop = time.time()
         steps_logged(4, proc)
@@ -332,11 +341,12 @@ def check_server_faults(data, tmp_path, opts: dict, start_s: float = 300) -> dic
         assert process_state(stopped) is None and not group_alive(guard)  # stopped whole, not left beside the new one
         guard, server = server_of(out, start_s, ready=False, proc=proc)  # it answered the calls of step 4
         proc.kill()  # the trainer, as the OOM killer would
-        text = proc.communicate()[0]
+        text = output(proc)
         took["server_gone_after_kill_s"] = wait_for(lambda: not group_alive(guard), 10, "the killed trainer's server")
         assert process_state(server) is None
         assert "exited with code" in text and "its health check got no answer either" in text, text[-3000:]
         assert "stopped it and started it again on the weights of version" in text, text[-3000:]
+        assert text.count(": back, on the weights of version") >= 2, text[-3000:]  # after the kill, after the stop
         rows = [json.loads(line) for line in log.read_text().splitlines()]
         assert [r["step"] for r in rows][:4] == [1, 2, 3, 4] and rows[3]["server_restarts"] >= 2  # more: a start tried again
         for r in rows:
@@ -352,7 +362,7 @@ def check_server_faults(data, tmp_path, opts: dict, start_s: float = 300) -> dic
 
         last = len(rows)
         proc = train(last + 1)  # resumes at the last checkpoint: in-flight rollouts were lost, the producer refills
-        text = proc.communicate(timeout=600)[0]
+        text = output(proc)
         assert proc.returncode == 0, text[-3000:]
         resumed = int(re.search(r"resuming from [\s\S]*? at\s+step\s+(\d+)", text).group(1))  # a kill may beat a save
         assert last - 1 <= resumed <= last
@@ -363,7 +373,7 @@ def check_server_faults(data, tmp_path, opts: dict, start_s: float = 300) -> dic
         for p in started:
             if p.poll() is None:
                 p.kill()
-                p.communicate()
+                p.wait()
     return took
 
 
