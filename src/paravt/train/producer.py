@@ -301,9 +301,10 @@ class RolloutProducer:
                 try:
                     await asyncio.to_thread(self.servers.relaunch, url, why)
                     self.backend.forget_model(url)  # it serves the synced weights' directory now
-                    await self._sync_one(url, self.servers.weights, self.servers.current)
-                    print(f"rollout server {url}: back, on the weights of version {self.servers.version[url]}",
-                          file=sys.stderr, flush=True)
+                    version = self.servers.current
+                    await self._sync_one(url, self.servers.weights, version)
+                    print(f"rollout server {url}: back, on the weights of version {version}", file=sys.stderr,
+                          flush=True)
                     return
                 except Exception as e:  # noqa: BLE001 - tried again, then reported whole
                     why = f"start {attempt} of {RELAUNCH_TRIES} failed ({error_text(e, self.servers.cfg.timeout_s)})"
