@@ -136,6 +136,23 @@ def test_saved_dir_loads_with_plain_transformers(tiny, tmp_path, monkeypatch):
         tiny[0].config.text_config.hidden_size
 
 
+def test_a_mistyped_model_path_is_said_before_the_model_code_loads(tmp_path):
+    """A missing directory or one that is not a model fails at once: no seconds of transformers imports first."""
+    import subprocess
+    import sys
+
+    (tmp_path / "empty").mkdir()
+    code = ("import sys\nfrom paravt.models import ModelLoadError, load_model\n"
+            "for path in sys.argv[1:]:\n"
+            "    try:\n        load_model(path)\n    except ModelLoadError as e:\n        print(e)\n"
+            "print('transformers' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "missing"), str(tmp_path / "empty")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    said = r.stdout.splitlines()
+    assert "does not exist" in said[0] and "config.json" in said[1] and said[2] == "False", said
+
+
 def test_load_errors(tmp_path):
     with pytest.raises(ModelLoadError, match="does not exist"):
         load_model(str(tmp_path / "missing"))

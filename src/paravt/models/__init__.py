@@ -78,9 +78,6 @@ def load_model(path_or_id: str, device: str | None = None, dtype: str | None = N
     cuda, fp32 on cpu."""
     import pickle
 
-    import torch
-    from transformers import Qwen3VLForConditionalGeneration
-
     if dtype is not None and dtype not in _DTYPES:
         raise ModelLoadError(f"unknown dtype {dtype!r}; choose from {', '.join(_DTYPES)}")
     local = Path(path_or_id).expanduser()
@@ -91,6 +88,9 @@ def load_model(path_or_id: str, device: str | None = None, dtype: str | None = N
         kwargs["local_files_only"] = not allow_download
     elif not (local / "config.json").exists():
         raise ModelLoadError(f"{local} has no config.json: not a transformers model directory")
+
+    import torch  # after the checks above: a mistyped path is said at once, not after seconds of imports
+    from transformers import Qwen3VLForConditionalGeneration
     source = str(local) if local.exists() else path_or_id
     torch_dtype = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
                    "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32, None: None}[dtype]
