@@ -17,8 +17,9 @@ import sys
 import torch
 
 
-def update(seqs_path: str, model_dir: str, kind: str, jobs: list[tuple[str, str]]) -> None:
-    """One GRPO update per (out_path, layout), each from MODEL_DIR's weights."""
+def update(seqs_path: str, model_dir: str, kind: str, layouts: list[str]) -> dict[str, dict]:
+    """One GRPO update per layout, each from MODEL_DIR's weights: {layout: what the tests compare}
+    on rank 0, {} on the others."""
     from paravt.backends.base import GenerateRequest
     from paravt.backends.hf import HFBackend, Renderer
     from paravt.train.checkpoint import load_policy, make_optimizer
@@ -30,12 +31,12 @@ def update(seqs_path: str, model_dir: str, kind: str, jobs: list[tuple[str, str]
     # in the loss (k3) exercises the sharded reference inside the backward pass. token_budget 1: one
     # sequence per packed pass on one process as on two, the same fp32 sums (packing several changes
     # them by ulps, which Adam at lr 1e-3 lifts past the test's tolerance on the weights)
-    layouts = {"one": {"token_budget": 1}, "packed": {}, "padded": {"packing": False}}
-    engine = None
-    for out_path, layout in jobs:
+    options = {"one": {"token_budget": 1}, "packed": {}, "padded": {"packing": False}}
+    engine = init_engine(kind, "cpu")
+    out = {}
+    for layout in layouts:
         cfg = GRPOConfig(lr=1e-3, kl_coef=0.01, kl_mode="loss", micro_batch_size=1, ppo_epochs=2, engine=kind,
-                         device="cpu", **layouts[layout])
-        engine = engine or init_engine(cfg.engine, cfg.device, cfg.mixed_precision)
+                         device="cpu", **options[layout])
         model, processor = load_policy(model_dir, device="cpu")
         model.train()
         model = engine.prepare(model)
@@ -51,16 +52,17 @@ def update(seqs_path: str, model_dir: str, kind: str, jobs: list[tuple[str, str]
             gen = HFBackend(base, processor).generate_sync([GenerateRequest(data["request"], max_new_tokens=12)])[0]
         state = engine.full_state_dict(model)
         if engine.main:
-            torch.save({"metrics": metrics, "state": state, "tokens": gen.token_ids, "logprobs": gen.logprobs},
-                       out_path)
-    if engine is not None:
-        engine.close()
+            out[layout] = {"metrics": metrics, "state": state, "tokens": gen.token_ids, "logprobs": gen.logprobs}
+    engine.close()
+    return out
 
 
 def main() -> None:
     seqs_path, model_dir, kind, *jobs = sys.argv[1:]
     torch.set_num_threads(1)
-    update(seqs_path, model_dir, kind, [tuple(job.rsplit(":", 1)) for job in jobs])
+    paths = dict(reversed(job.rsplit(":", 1)) for job in jobs)  # layout -> OUT.pt
+    for layout, result in update(seqs_path, model_dir, kind, list(paths)).items():
+        torch.save(result, paths[layout])
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ leaves no server behind."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -201,10 +202,9 @@ def check_sync_mid_generation(data, tmp_path, pause: str, atol: float = 2e-4, mi
     from paravt.train.rollout import RolloutConfig, RolloutServers, ServerGate, write_sync_weights
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    if servers is not None:
-        servers_cfg = {"launch": servers.cfg.launch, "server_args": servers.cfg.server_args}
-    rc = RolloutConfig(engine="servers", devices=["cpu"], start_timeout_s=300, max_staleness=1, sync_pause=pause,
-                       **servers_cfg)
+    own = servers is None
+    launch = RolloutConfig(engine="servers", devices=["cpu"], start_timeout_s=300, **servers_cfg) if own else servers.cfg
+    rc = dataclasses.replace(launch, max_staleness=1, sync_pause=pause)
     cfg = GRPOConfig(data=str(data / "rl.parquet"), prompts_per_step=2, rollouts_per_prompt=2, rollout=rc,
                      episode=EpisodeConfig(mode="parallel", max_turns=2, max_new_tokens=40, sub_max_new_tokens=24,
                                            think_prefix=True))
@@ -212,7 +212,6 @@ def check_sync_mid_generation(data, tmp_path, pause: str, atol: float = 2e-4, mi
     engine = init_engine("single", "cpu")
     model, processor = load_model(str(DEFAULT_MODEL), device="cpu")
     weights = {}
-    own = servers is None
     if own:
         servers = RolloutServers.start(rc, str(DEFAULT_MODEL), tmp_path / "logs")
     servers.banned_ids = Renderer(processor).banned_ids  # as the trainer sets them

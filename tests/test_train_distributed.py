@@ -126,12 +126,11 @@ def fsdp_updates(tiny_dir, rollouts, tmp_path_factory) -> dict[str, dict]:
     return {layout: torch.load(d / f"{layout}.pt") for layout in layouts}
 
 
-def single_update(tiny_dir: Path, rollouts: Path, tmp_path: Path, layout: str) -> dict:
+def single_update(tiny_dir: Path, rollouts: Path, layout: str) -> dict:
     """The update on one process (engine single), this one: the reference the FSDP runs must equal."""
     from tests.dist_worker import update
 
-    update(str(rollouts), str(tiny_dir), "single", [(str(tmp_path / f"{layout}.pt"), layout)])
-    return torch.load(tmp_path / f"{layout}.pt")
+    return update(str(rollouts), str(tiny_dir), "single", [layout])[layout]
 
 
 def test_grpo_update_on_two_processes_equals_one_and_its_checkpoint_answers_the_same(tiny_dir, rollouts, fsdp_updates,
@@ -140,7 +139,7 @@ def test_grpo_update_on_two_processes_equals_one_and_its_checkpoint_answers_the_
     the advantages) of the same sequences split over two FSDP processes: the same loss and weights.
     The greedy answer of the updated model, generated in the workers with the gathered weights,
     is the one the consolidated weights give after load_model."""
-    one, two = single_update(tiny_dir, rollouts, tmp_path, "one"), fsdp_updates["one"]
+    one, two = single_update(tiny_dir, rollouts, "one"), fsdp_updates["one"]
     for k in ("loss", "pg_loss", "kl", "trained_tokens"):
         assert one["metrics"][k] == pytest.approx(two["metrics"][k], abs=TOL), k
     assert one["metrics"]["kl"] > 0 and one["metrics"]["trained_tokens"] > 0
@@ -162,13 +161,13 @@ def test_grpo_update_on_two_processes_equals_one_and_its_checkpoint_answers_the_
     assert got.logprobs == pytest.approx(two["logprobs"], abs=1e-4)
 
 
-def test_packed_grpo_update_on_two_processes_equals_the_padded_one_on_one(tiny_dir, rollouts, fsdp_updates, tmp_path):
+def test_packed_grpo_update_on_two_processes_equals_the_padded_one_on_one(tiny_dir, rollouts, fsdp_updates):
     """The update as it runs on GPUs: FSDP2, several sequences packed into each forward pass
     (per-sequence attention, log π_τ in chunks at trained positions, the reference's too), against
     the padded path on one process: the same loss, KL and weights (within what two Adam steps at
     lr 1e-3 make of fp32 sums in another order: changing the padded path's micro_batch_size alone
     moves the weights by ~3e-6)."""
-    padded, packed = single_update(tiny_dir, rollouts, tmp_path, "padded"), fsdp_updates["packed"]
+    padded, packed = single_update(tiny_dir, rollouts, "padded"), fsdp_updates["packed"]
     for k in ("loss", "pg_loss", "kl", "trained_tokens", "entropy"):
         assert padded["metrics"][k] == pytest.approx(packed["metrics"][k], abs=TOL), k
     worst = max(float((padded["state"][k].float() - packed["state"][k].float()).abs().max()) for k in padded["state"])
