@@ -347,3 +347,28 @@ def test_the_cache_goes_by_the_name_this_transformers_takes(tiny):
     renamed = [str(w.message) for w in seen if "past_key_values" in str(w.message)]
     assert not renamed, renamed
     assert takes_cache or "past_key_values" in inspect.signature(type(model).forward).parameters
+
+
+def test_a_prompt_sent_several_times_at_once_is_prefilled_once(tiny):
+    """A GRPO group: the same prompt (ids and frames) in four rows, beside a prompt with the same
+    ids and other frames. The model sees each distinct prompt once; every row samples on its own
+    seed, and a row's tokens and logprobs are those of its request sent alone."""
+    model, processor = tiny
+    backend = HFBackend(model, processor)
+    rows_seen = []
+    hook = model.register_forward_pre_hook(lambda m, args, kwargs: rows_seen.append(kwargs["input_ids"].shape),
+                                           with_kwargs=True)
+    try:
+        group = [GenerateRequest(msgs(seed=3), max_new_tokens=8, temperature=1.0, seed=s) for s in range(4)]
+        other_frames = GenerateRequest(msgs(seed=4), max_new_tokens=8, temperature=1.0, seed=0)
+        assert backend.renderer.render(other_frames.messages).ids == backend.renderer.render(group[0].messages).ids
+        got = backend.generate_sync(group + [other_frames])
+        prefill = rows_seen[0]
+        assert backend.batch_sizes == [5] and prefill[0] == 2 and prefill[1] > 1  # two distinct prompts, one pass
+        alone = [HFBackend(model, processor).generate_sync([r])[0] for r in group + [other_frames]]
+    finally:
+        hook.remove()
+    for a, b in zip(alone, got):
+        assert a.token_ids == b.token_ids
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+    assert len({tuple(c.token_ids) for c in got[:4]}) > 1  # four seeds, not four copies of one row

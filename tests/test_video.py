@@ -187,6 +187,30 @@ def test_async_does_not_block_loop(striped):
     assert ticks >= 1
 
 
+def test_concurrent_overviews_of_one_k_share_one_decode(striped):
+    """Eight rollouts opening on the same overview decode it once; one of them giving up (cancelled)
+    does not cancel the decode the others wait for; a later call decodes again (nothing is kept)."""
+    r = VideoReader(striped)
+
+    async def main():
+        calls = [asyncio.ensure_future(r.aoverview(8)) for _ in range(8)]
+        await asyncio.sleep(0)
+        calls[0].cancel()
+        return await asyncio.gather(*calls[1:]), calls[0].cancelled()
+
+    results, cancelled = asyncio.run(main())
+    assert cancelled and r.frames_decoded > 0
+    once = r.frames_decoded
+    alone = r.overview(8)
+    assert r.frames_decoded == 2 * once  # the eight shared one decode as costly as a single overview
+    for frames in results:
+        assert [f.timestamp for f in frames] == [f.timestamp for f in alone]
+        assert all(np.array_equal(a.image, b.image) for a, b in zip(frames, alone))
+    again = asyncio.run(r.aoverview(8))
+    assert len(again) == 8 and r.frames_decoded == 3 * once
+    r.close()
+
+
 @pytest.mark.parametrize("kind", ["missing", "empty", "text", "truncated", "audio", "directory"])
 def test_bad_inputs_raise_video_error(tmp_path, kind):
     p = tmp_path / f"{kind}.mp4"

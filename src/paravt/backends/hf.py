@@ -38,9 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
+import numpy as np
 import torch
 
 from paravt.backends.base import BackendError, Completion, GenerateRequest, RequestRejected
+from paravt.backends.incremental_text import IncrementalText
 from paravt.chat import Rendered, Renderer
 from paravt.backends.static_decode import SlotBatch, StaticDecoder, cache_kwarg, choose_on_device, decode_mode
 from paravt.policy import is_greedy, model_inputs, policy_log_softmax, sequence_logprobs
@@ -112,13 +114,38 @@ def _prefill(model, renderer: Renderer, jobs: list[_Job], resume: bool = False) 
     from transformers import DynamicCache
 
     rows = [j.rendered.ids + (j.tokens if resume else []) for j in jobs]
-    inputs = model_inputs(model, renderer, rows, [j.rendered.images for j in jobs])
+    images = [j.rendered.images for j in jobs]
+    first = _first_alike(rows, images)
+    distinct = sorted(set(first))
+    inputs = model_inputs(model, renderer, [rows[i] for i in distinct], [images[i] for i in distinct])
     position_ids = inputs.pop("position_ids")
     cache = DynamicCache(config=model.config.get_text_config())
     out = model(**inputs, position_ids=position_ids, use_cache=True, logits_to_keep=1,
                 **{cache_kwarg(type(model)): cache})
     positions = position_ids.max(dim=-1).values.max(dim=0).values + 1  # (B,) next text position per row
-    return _Batch(jobs, cache, inputs["attention_mask"], positions, out.logits[:, -1, :].float())
+    batch = _Batch(jobs, cache, inputs["attention_mask"], positions, out.logits[:, -1, :].float())
+    if len(distinct) < len(jobs):  # each row gets a copy of its prompt's cache, logits and positions
+        idx = torch.tensor([distinct.index(f) for f in first], device=positions.device)
+        _map_cache(cache, lambda t: t.index_select(0, idx))
+        batch.attention, batch.positions, batch.logits = (
+            t.index_select(0, idx) for t in (batch.attention, batch.positions, batch.logits))
+    return batch
+
+
+def _first_alike(rows: list[list[int]], images: list[list]) -> list[int]:
+    """For each row, the first row with the same ids and the same frames (itself if none). The
+    rollouts of a GRPO group start from one prompt: it is prefilled once, not once a rollout (vLLM
+    shares such prompts through its prefix cache)."""
+    seen: dict[tuple[int, ...], list[int]] = {}
+    first = []
+    for i, (ids, frames) in enumerate(zip(rows, images)):
+        alike = seen.setdefault(tuple(ids), [])
+        match = next((j for j in alike if len(images[j]) == len(frames) and all(
+            a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(images[j], frames))), None)
+        if match is None:
+            alike.append(i)
+        first.append(i if match is None else match)
+    return first
 
 
 def _merge(a: _Batch | None, b: _Batch) -> _Batch:
@@ -266,28 +293,6 @@ def _completion(job: _Job, renderer: Renderer) -> Completion:
     return Completion(text=text, finish_reason=job.reason, prompt_tokens=len(rd.ids), visual_tokens=rd.visual_tokens,
                       completion_tokens=len(ids), prompt_ids=list(rd.ids), token_ids=list(ids),
                       logprobs=list(job.logprobs), assistant_ids=list(rd.prefix_ids) + list(ids))
-
-
-class IncrementalText:
-    """Decodes a growing list of token ids into text pieces, one `push` at a time, without
-    re-decoding the whole list each step: only the last few ids are decoded again (a byte-level
-    token may complete a character that earlier tokens began), and a piece that ends in U+FFFD (half
-    a UTF-8 character) waits for the next token. vLLM's detokenizer works the same way."""
-
-    def __init__(self, tokenizer):
-        self.tok = tokenizer
-        self.ids: list[int] = []
-        self.start = 0  # decoding context begins here
-        self.read = 0  # text up to here has been handed out
-
-    def push(self, token: int) -> str:
-        self.ids.append(token)
-        done = self.tok.decode(self.ids[self.start:self.read], skip_special_tokens=False)
-        now = self.tok.decode(self.ids[self.start:], skip_special_tokens=False)
-        if len(now) <= len(done) or now.endswith("\ufffd"):
-            return ""
-        self.start, self.read = self.read, len(self.ids)
-        return now[len(done):]
 
 
 def default_decode_threads(model) -> int | None:

@@ -82,6 +82,7 @@ class VideoReader:
         self._active = 0  # decodes running on the pool: close() waits for them (see close)
         self._closing = False
         self.frames_decoded = 0  # counter for tests and benchmarks (approximate under threads)
+        self._overviews: dict = {}  # k -> the concurrent.futures.Future of an overview decoding now
         self._info = self._probe()
 
     @property
@@ -259,7 +260,21 @@ class VideoReader:
         return await asyncio.get_running_loop().run_in_executor(_pool(), self.frames_at, timestamps)
 
     async def aoverview(self, k: int) -> list[Frame]:
-        return await asyncio.get_running_loop().run_in_executor(_pool(), self.overview, k)
+        """overview(k) on the pool. Callers that ask for the same k while it decodes share the one
+        decode: a GRPO group's rollouts open on the same overview, and decoding it once instead of
+        once a rollout also lets their first prompts reach the model together (prefilled once)."""
+        with self._lock:
+            shared = self._overviews.get(k)
+            if shared is None:
+                shared = self._overviews[k] = _pool().submit(self.overview, k)
+                shared.add_done_callback(lambda f: self._forget_overview(k, f))
+        # shielded: one caller giving up must not cancel the decode the others wait for
+        return list(await asyncio.shield(asyncio.wrap_future(shared)))
+
+    def _forget_overview(self, k: int, done) -> None:
+        with self._lock:
+            if self._overviews.get(k) is done:
+                del self._overviews[k]
 
     async def acrop(
         self, start: float, end: float, fps: float = 1.0, max_frames: int = 16, num_frames: int | None = None
