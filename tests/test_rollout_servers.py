@@ -140,26 +140,33 @@ def test_a_dead_server_is_routed_around_then_started_again_and_a_given_one_dropp
         RolloutServers(RolloutConfig(engine="servers", servers=[gone]), [gone]).sync(weights, "3")
 
 
-def test_grpo_with_two_rollout_servers_trains_and_resumes(split, tmp_path):
+def test_grpo_with_two_rollout_servers_trains_and_resumes(servers, split, tmp_path):
+    """`paravt train grpo` on two servers given by URL (the module's pair, holding other weights by
+    now): each step syncs them to the trainer's weights, and a rerun resumes at step 1 and syncs
+    them to the checkpoint first. (A trainer that launches its servers, and starts them again on
+    resume, is the async tests' setting: test_async_grpo.py.)"""
     out = tmp_path / "run"
+    urls = "[" + ",".join(servers.urls) + "]"
 
     def train(steps: int) -> list[dict]:
         opts = dict(model=DEFAULT_MODEL, data=split / "rl.parquet", out=out, steps=steps, prompts_per_step=2,
                     rollouts_per_prompt=4, **{"episode.max_new_tokens": 48, "rollout.engine": "servers",
-                                              "rollout.launch": "paravt", "rollout.devices": "[cpu,cpu]"},
+                                              "rollout.servers": urls},
                     device="cpu", threads=1, lr=1e-4, save_every=1)
         args = [sys.executable, "-m", "paravt", "train", "grpo"] + [x for k, v in opts.items() for x in ("-o", f"{k}={v}")]
-        r = subprocess.run(args, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        env = dict(os.environ, OMP_NUM_THREADS="1", PARAVT_API_KEY=servers.api_key)
+        r = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
         return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
 
     log = train(1)
-    log = train(2)  # resumes at step 1: the servers start from the checkpoint and are synced to it
+    log = train(2)  # resumes at step 1: the servers are synced to the checkpoint
     assert [r["step"] for r in log] == [1, 2]
     last = log[-1]
     # step 2 rolled out on the synced weights: the trainer recomputes the servers' logprobs
     assert last["logprob_drift"] < 1e-4 and last["episodes"] == 8 and last["sync_s"] > 0
     assert sorted(p.name for p in (out / "sync").iterdir()) == ["1", "2"]
+    assert all(servers._http[u].get(u + "/weight_info").json() == {"weight_version": "2"} for u in servers.urls)
     # max_staleness 0 (the default) is the synchronous step: no producer, no version gate, no π_prox
     assert "staleness_max" not in last and "behave_masked_tokens" not in last and last["rollout_busy"] > 0
     assert all(json.loads(line)["versions"] == [] for line in (out / "rollouts.jsonl").read_text().splitlines())
