@@ -349,23 +349,27 @@ def test_the_cache_goes_by_the_name_this_transformers_takes(tiny):
     assert takes_cache or "past_key_values" in inspect.signature(type(model).forward).parameters
 
 
-def test_a_prompt_sent_several_times_at_once_is_prefilled_once(tiny):
-    """A GRPO group: the same prompt (ids and frames) in four rows, beside a prompt with the same
-    ids and other frames. The model sees each distinct prompt once; every row samples on its own
-    seed, and a row's tokens and logprobs are those of its request sent alone."""
+def test_shared_prompts_and_shared_text_are_prefilled_once(tiny):
+    """A GRPO group (one prompt, ids and frames, in four rows) beside a prompt with the same ids and
+    other frames and a longer one: the model sees the three distinct prompts' common text (the system
+    prompt) once, as one row, then their three remainders; every row samples on its own seed, and
+    its tokens and logprobs, decode steps included, are those of its request sent alone."""
     model, processor = tiny
     backend = HFBackend(model, processor)
-    rows_seen = []
-    hook = model.register_forward_pre_hook(lambda m, args, kwargs: rows_seen.append(kwargs["input_ids"].shape),
+    fed = []
+    hook = model.register_forward_pre_hook(lambda m, args, kwargs: fed.append(tuple(kwargs["input_ids"].shape)),
                                            with_kwargs=True)
     try:
         group = [GenerateRequest(msgs(seed=3), max_new_tokens=8, temperature=1.0, seed=s) for s in range(4)]
-        other_frames = GenerateRequest(msgs(seed=4), max_new_tokens=8, temperature=1.0, seed=0)
-        assert backend.renderer.render(other_frames.messages).ids == backend.renderer.render(group[0].messages).ids
-        got = backend.generate_sync(group + [other_frames])
-        prefill = rows_seen[0]
-        assert backend.batch_sizes == [5] and prefill[0] == 2 and prefill[1] > 1  # two distinct prompts, one pass
-        alone = [HFBackend(model, processor).generate_sync([r])[0] for r in group + [other_frames]]
+        others = [GenerateRequest(msgs(seed=4), max_new_tokens=8, temperature=1.0, seed=0),
+                  GenerateRequest(msgs(seed=5, n_frames=3), max_new_tokens=8, temperature=1.0, seed=0)]
+        ids = [backend.renderer.render(r.messages).ids for r in (group[0], *others)]
+        assert ids[0] == ids[1] and len(ids[2]) > len(ids[0])
+        got = backend.generate_sync(group + others)
+        shared = ids[0].index(backend.renderer.vision_start)  # the text before the first frame
+        assert backend.batch_sizes == [6]
+        assert fed[:2] == [(1, shared), (3, len(ids[2]) - shared)], fed[:2]
+        alone = [HFBackend(model, processor).generate_sync([r])[0] for r in group + others]
     finally:
         hook.remove()
     for a, b in zip(alone, got):

@@ -23,7 +23,9 @@ default the text config's max_position_embeddings) fails with RequestRejected be
 work; text is counted in bounded chunks, so a 60 MB prompt is refused without tokenizing it whole.
 
 The chat renderer (messages -> ids) is `paravt.chat`, the forward inputs and log π_τ
-`paravt.policy`, shared with the trainers; they are re-exported here for existing imports.
+`paravt.policy`, shared with the trainers; they are re-exported here for existing imports. The
+prefill, which computes a prompt or a leading text that several rows share once, is
+`paravt.backends.prefill`.
 """
 
 from __future__ import annotations
@@ -38,11 +40,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
-import numpy as np
 import torch
 
 from paravt.backends.base import BackendError, Completion, GenerateRequest, RequestRejected
 from paravt.backends.incremental_text import IncrementalText
+from paravt.backends.prefill import prefill
 from paravt.chat import Rendered, Renderer
 from paravt.backends.static_decode import SlotBatch, StaticDecoder, cache_kwarg, choose_on_device, decode_mode
 from paravt.policy import is_greedy, model_inputs, policy_log_softmax, sequence_logprobs
@@ -108,44 +110,13 @@ def _left_pad(t: torch.Tensor, n: int, dim: int) -> torch.Tensor:
 
 
 def _prefill(model, renderer: Renderer, jobs: list[_Job], resume: bool = False) -> _Batch:
-    """One forward pass over the new rows' prompts (left-padded together). With `resume`, each row's
-    prompt is followed by the tokens it has generated so far (a row rebuilt after a failed decode
-    step), so the logits are those of its next token."""
-    from transformers import DynamicCache
-
+    """One forward pass over the new rows' prompts (`paravt.backends.prefill`: shared prompts and
+    shared leading text computed once). With `resume`, each row's prompt is followed by the tokens it
+    has generated so far (a row rebuilt after a failed decode step), so the logits are those of its
+    next token."""
     rows = [j.rendered.ids + (j.tokens if resume else []) for j in jobs]
-    images = [j.rendered.images for j in jobs]
-    first = _first_alike(rows, images)
-    distinct = sorted(set(first))
-    inputs = model_inputs(model, renderer, [rows[i] for i in distinct], [images[i] for i in distinct])
-    position_ids = inputs.pop("position_ids")
-    cache = DynamicCache(config=model.config.get_text_config())
-    out = model(**inputs, position_ids=position_ids, use_cache=True, logits_to_keep=1,
-                **{cache_kwarg(type(model)): cache})
-    positions = position_ids.max(dim=-1).values.max(dim=0).values + 1  # (B,) next text position per row
-    batch = _Batch(jobs, cache, inputs["attention_mask"], positions, out.logits[:, -1, :].float())
-    if len(distinct) < len(jobs):  # each row gets a copy of its prompt's cache, logits and positions
-        idx = torch.tensor([distinct.index(f) for f in first], device=positions.device)
-        _map_cache(cache, lambda t: t.index_select(0, idx))
-        batch.attention, batch.positions, batch.logits = (
-            t.index_select(0, idx) for t in (batch.attention, batch.positions, batch.logits))
-    return batch
-
-
-def _first_alike(rows: list[list[int]], images: list[list]) -> list[int]:
-    """For each row, the first row with the same ids and the same frames (itself if none). The
-    rollouts of a GRPO group start from one prompt: it is prefilled once, not once a rollout (vLLM
-    shares such prompts through its prefix cache)."""
-    seen: dict[tuple[int, ...], list[int]] = {}
-    first = []
-    for i, (ids, frames) in enumerate(zip(rows, images)):
-        alike = seen.setdefault(tuple(ids), [])
-        match = next((j for j in alike if len(images[j]) == len(frames) and all(
-            a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(images[j], frames))), None)
-        if match is None:
-            alike.append(i)
-        first.append(i if match is None else match)
-    return first
+    out = prefill(model, renderer, rows, [j.rendered.images for j in jobs])
+    return _Batch(jobs, out.cache, out.attention, out.positions, out.logits)
 
 
 def _merge(a: _Batch | None, b: _Batch) -> _Batch:
