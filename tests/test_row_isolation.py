@@ -14,7 +14,7 @@ from PIL import Image
 from servetools import Server
 
 from paravt import protocol as P
-from paravt.backends import hf
+from paravt.backends import hf, prefill
 from paravt.backends.base import BackendError, GenerateRequest, ImagePart, Message, RequestRejected, TextPart
 from paravt.backends.hf import HFBackend
 from paravt.models.tiny import build_tiny
@@ -97,14 +97,14 @@ def test_tiny_temperature_and_top_p_mean_greedy(tiny):
 
 
 def test_a_row_whose_prefill_breaks_fails_alone(tiny, alone, monkeypatch):
-    real = hf.model_inputs
+    real = prefill.model_inputs
 
     def breaks_on_17(model, renderer, rows, images, device=None):
         if any(im.shape[:2] == (17, 17) for per in images for im in per):
             raise RuntimeError("vision tower refuses 17x17")
         return real(model, renderer, rows, images, device)
 
-    monkeypatch.setattr(hf, "model_inputs", breaks_on_17)
+    monkeypatch.setattr(prefill, "model_inputs", breaks_on_17)
     model, processor = tiny
     backend = HFBackend(model, processor, batch_wait_ms=100)
     bad = GenerateRequest(ask(frame(9, 17, 17)), max_new_tokens=8)
