@@ -150,7 +150,10 @@ def ask(video: str, question: str, *, model: str | None, config: EpisodeConfig, 
                                           timeout_s=config.model_timeout_s)
 
         async def go() -> Episode:
+            from paravt.backends.reachable import check_servers
+
             try:
+                await check_servers(backend)  # a dead server is said at once, not after the client's retries
                 with console.status("reading the video…") as status:
                     return await run_episode(backend, reader, question, config, question_type=question_type,
                                              subtitles=subtitles, on_event=live_printer(console, status))

@@ -34,7 +34,7 @@ from paravt.backends.base import Backend, BackendError
 from paravt.eval.benchmarks import BENCHMARKS, MissingVideo, Sample
 from paravt.eval.metrics import markdown, normalized_prediction, score_prediction, summarize
 from paravt.eval.run_dir import RunLock, input_digest, inputs_changed
-from paravt.eval.servers import check_servers, outage
+from paravt.backends.reachable import check_servers, outage
 from paravt.rewards import RewardConfig
 from paravt.video import VideoError
 
