@@ -1,8 +1,7 @@
 """Is the model server there? One check, used before an evaluation or an `ask` starts (a dead server
 fails the run at once, with the cause, instead of after the client's retries, or every sample's)
-and after an episode's model call
-failed, to name the cause (a refused connection is not a slow model: the episode only sees its
-deadline pass while the client retries).
+and after an episode's model call failed, to name the cause (a refused connection is not a slow
+model: the episode only sees its deadline pass while the client retries).
 
 A backend with `endpoints` (OpenAIBackend: vLLM, SGLang, `paravt serve`) is asked GET <endpoint>/models,
 which these servers answer at once; an in-process backend has nothing to check. Any HTTP answer
