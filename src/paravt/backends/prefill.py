@@ -49,13 +49,15 @@ def prefill(model, renderer: Renderer, rows: list[list[int]], images: list[list[
 
 
 def first_alike(rows: list[list[int]], images: list[list[np.ndarray]]) -> list[int]:
-    """For each row, the first row with the same ids and the same frames (itself if none)."""
+    """For each row, the first row with the same ids and the same frames (itself if none). Frames
+    are compared by content; the same array (a shared overview) is equal at once."""
     seen: dict[tuple[int, ...], list[int]] = {}
     first = []
     for i, (ids, frames) in enumerate(zip(rows, images)):
         alike = seen.setdefault(tuple(ids), [])
         match = next((j for j in alike if len(images[j]) == len(frames) and all(
-            a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(images[j], frames))), None)
+            a is b or (a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b))
+            for a, b in zip(images[j], frames))), None)
         if match is None:
             alike.append(i)
         first.append(i if match is None else match)
