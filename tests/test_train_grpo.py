@@ -375,6 +375,7 @@ def test_two_para_grpo_steps_then_resume(tiny_dir, rl_split, tmp_path):
     assert {json.loads(l)["step"] for l in (out / "rollouts.jsonl").read_text().splitlines()} == {1, 2, 3}
 
 
+@pytest.mark.filterwarnings("error:Detected call of:UserWarning")  # a skipped first update still moves the lr on, silently
 def test_a_non_finite_update_is_skipped_and_never_saved(tiny_dir, rl_split, tmp_path):
     """Every update's loss is NaN (the policy's logits poisoned in training mode only): the updates are
     skipped and counted, the checkpoint keeps finite weights (the starting ones), and after

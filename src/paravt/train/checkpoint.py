@@ -364,6 +364,19 @@ def make_optimizer(model, cfg, freeze_vision: bool = False):
     return params, opt, sched
 
 
+def step_schedule(sched) -> None:
+    """Move the lr schedule one step on. The schedule counts steps, not updates: a skipped
+    (non-finite) update moves it on too. torch warns when a schedule's first step comes before any
+    optimizer step, which is exactly a skipped first update: that warning is silenced here."""
+    import re
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()` before"),
+                                category=UserWarning)
+        sched.step()
+
+
 def restore_optimizer(out: str | Path, opt, sched, *, engine=None, model=None) -> int:
     """Load the optimizer (and, from dcp/, the model's exact weights) and the schedule of the
     checkpoint to resume from; returns its step. A dcp/ directory written by any number of

@@ -371,7 +371,7 @@ def _train_sft(cfg: SFTConfig, console=None) -> dict:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from paravt.chat import Renderer
-    from paravt.train.checkpoint import diverged
+    from paravt.train.checkpoint import diverged, step_schedule
     from paravt.train.logging import RunLogger
     from paravt.train.sequences import plan_micro_batches, token_logprobs
 
@@ -425,7 +425,7 @@ def _train_sft(cfg: SFTConfig, console=None) -> dict:
                     console.print(f"[yellow]step {step + 1}: update skipped (loss {total}, grad_norm {gnorm})[/yellow]")
                     if streak >= cfg.max_nonfinite_steps:
                         raise diverged(step + 1, streak, total, gnorm, cfg.lr, out)
-                sched.step()
+                step_schedule(sched)
                 step += 1
                 dt = time.perf_counter() - t0
                 n_seen = engine.all_sum(sum(len(s.ids) for s in seqs))

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from paravt.train.checkpoint import step_schedule
 from paravt.train.config import ConfigError, to_dict
 from paravt.train.grpo.config import GRPOConfig
 from paravt.train.grpo.estimator import group_advantages, normalize, shape_rewards
@@ -405,7 +406,7 @@ def _update_stage(t: _Trainer, seqs: list[TrainSequence], step: int) -> dict[str
     t.base.train()
     upd = update_policy(t.cfg, t.engine, t.model, t.base, t.ref, t.renderer, t.opt, t.params, seqs, step,
                         decoupled=t.producer is not None)
-    t.sched.step()
+    step_schedule(t.sched)
     return upd
 
 
