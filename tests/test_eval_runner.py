@@ -138,7 +138,8 @@ def test_stopped_and_torn_run_resumes_to_the_same_summary(full, samples, tmp_pat
 
 
 class Interrupting:
-    """Wraps a backend; the n-th main-agent call raises KeyboardInterrupt (Ctrl-C mid-run)."""
+    """Wraps a backend; the n-th main-agent call presses Ctrl-C (a real SIGINT: asyncio.run cancels
+    the run's task, and raises KeyboardInterrupt once it has wound down)."""
 
     name = "interrupting"
 
@@ -149,7 +150,7 @@ class Interrupting:
         if requests[0].role == "main":
             self.calls += 1
             if self.calls == self.n:
-                raise KeyboardInterrupt
+                signal.raise_signal(signal.SIGINT)
         return await self.inner.generate(requests)
 
     async def aclose(self):
