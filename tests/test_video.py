@@ -211,6 +211,43 @@ def test_concurrent_overviews_of_one_k_share_one_decode(striped):
     r.close()
 
 
+def test_an_overview_that_ends_before_its_caller_registers_does_not_hang(striped, monkeypatch):
+    """A refused k fails on the pool at once, before any lock, so its decode can be over before
+    aoverview has registered what follows it: the caller gets the error, and the reader stays usable.
+    Here the pool finishes each job (on its own thread) before returning its future, the extreme of
+    that race."""
+    import concurrent.futures
+    import threading
+
+    import paravt.video.reader as reader_module
+
+    class DoneBeforeReturning:
+        def submit(self, fn, *args):
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                done = pool.submit(fn, *args)
+                concurrent.futures.wait([done])
+            return done
+
+    r = VideoReader(striped)
+    got: dict = {}
+
+    def run():
+        try:
+            asyncio.run(r.aoverview(0))
+        except VideoError as e:
+            got["error"] = str(e)
+
+    with monkeypatch.context() as m:
+        m.setattr(reader_module, "_pool", lambda: DoneBeforeReturning())
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        t.join(60)
+    assert not t.is_alive(), "aoverview hung on a decode that was already over"
+    assert "overview k" in got["error"]
+    assert len(asyncio.run(r.aoverview(4))) == 4
+    r.close()
+
+
 @pytest.mark.parametrize("kind", ["missing", "empty", "text", "truncated", "audio", "directory"])
 def test_bad_inputs_raise_video_error(tmp_path, kind):
     p = tmp_path / f"{kind}.mp4"

@@ -265,9 +265,11 @@ class VideoReader:
         once a rollout also lets their first prompts reach the model together (prefilled once)."""
         with self._lock:
             shared = self._overviews.get(k)
-            if shared is None:
+            first = shared is None
+            if first:
                 shared = self._overviews[k] = _pool().submit(self.overview, k)
-                shared.add_done_callback(lambda f: self._forget_overview(k, f))
+        if first:  # outside the lock: a decode already over runs the callback here, and it takes the lock
+            shared.add_done_callback(lambda f: self._forget_overview(k, f))
         # shielded: one caller giving up must not cancel the decode the others wait for
         return list(await asyncio.shield(asyncio.wrap_future(shared)))
 
