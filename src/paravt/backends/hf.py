@@ -44,7 +44,7 @@ import torch
 
 from paravt.backends.base import BackendError, Completion, GenerateRequest, RequestRejected
 from paravt.backends.incremental_text import IncrementalText
-from paravt.backends.prefill import prefill
+from paravt.backends.prefill import map_cache, prefill
 from paravt.chat import Rendered, Renderer
 from paravt.backends.static_decode import SlotBatch, StaticDecoder, cache_kwarg, choose_on_device, decode_mode
 from paravt.policy import is_greedy, model_inputs, policy_log_softmax, sequence_logprobs
@@ -96,11 +96,6 @@ class _Batch:
         """Nothing to give back: the cache goes with the batch."""
 
 
-def _map_cache(cache, fn) -> None:
-    for layer in cache.layers:
-        layer.keys, layer.values = fn(layer.keys), fn(layer.values)
-
-
 def _left_pad(t: torch.Tensor, n: int, dim: int) -> torch.Tensor:
     if n == 0:
         return t
@@ -142,7 +137,7 @@ def _select(batch: _Batch, keep: list[int]) -> _Batch | None:
     idx = torch.tensor(keep, device=batch.attention.device)
     attention = batch.attention.index_select(0, idx)
     start = int((attention.sum(0) > 0).nonzero()[0])  # first column some row attends to
-    _map_cache(batch.cache, lambda t: t.index_select(0, idx)[:, :, start:])
+    map_cache(batch.cache, lambda t: t.index_select(0, idx)[:, :, start:])
     return _Batch([batch.jobs[i] for i in keep], batch.cache, attention[:, start:],
                   batch.positions.index_select(0, idx), batch.logits.index_select(0, idx))
 

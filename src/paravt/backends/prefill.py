@@ -42,7 +42,7 @@ def prefill(model, renderer: Renderer, rows: list[list[int]], images: list[list[
     out = _forward(model, renderer, [rows[i] for i in distinct], [images[i] for i in distinct])
     if len(distinct) < len(rows):  # each row gets a copy of its prompt's cache, mask, position and logits
         idx = torch.tensor([distinct.index(f) for f in first], device=out.positions.device)
-        _map_cache(out.cache, lambda t: t.index_select(0, idx))
+        map_cache(out.cache, lambda t: t.index_select(0, idx))
         out.attention, out.positions, out.logits = (
             t.index_select(0, idx) for t in (out.attention, out.positions, out.logits))
     return out
@@ -99,7 +99,7 @@ def _forward(model, renderer: Renderer, rows: list[list[int]], images: list[list
     at = width - len(rows[0])
     model(input_ids=ids[:1, at:at + n], attention_mask=attention[:1, at:at + n],
           position_ids=position_ids[:, :1, at:at + n], mm_token_type_ids=mm[:1, at:at + n], **kw)
-    _map_cache(cache, lambda t: t.expand(batch, *t.shape[1:]))
+    map_cache(cache, lambda t: t.expand(batch, *t.shape[1:]))
     # 2. every row's remainder, right-aligned in the last `rest` columns; in a shorter row those
     # columns begin with the end of its own prefix (text, already cached), which the mask hides
     rest = width - n
@@ -113,10 +113,11 @@ def _forward(model, renderer: Renderer, rows: list[list[int]], images: list[list
         col = torch.arange(width, device=ids.device).unsqueeze(0)  # new column j of row b holds old column:
         src = torch.where(col < gap.unsqueeze(1), col + n,  # the gap (masked either way)
                           torch.where(col < gap.unsqueeze(1) + n, col - gap.unsqueeze(1), col))  # prefix; remainder
-        _map_cache(cache, lambda t: t.gather(2, src.view(batch, 1, width, 1).expand(-1, t.shape[1], -1, t.shape[3])))
+        map_cache(cache, lambda t: t.gather(2, src.view(batch, 1, width, 1).expand(-1, t.shape[1], -1, t.shape[3])))
     return Prefilled(cache, attention, positions, out.logits[:, -1, :].float())
 
 
-def _map_cache(cache, fn) -> None:
+def map_cache(cache, fn) -> None:
+    """Replace every layer's keys and values by `fn` of them (select rows, cut or move columns)."""
     for layer in cache.layers:
         layer.keys, layer.values = fn(layer.keys), fn(layer.values)
