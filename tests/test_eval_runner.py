@@ -138,8 +138,7 @@ def test_stopped_and_torn_run_resumes_to_the_same_summary(full, samples, tmp_pat
 
 
 class Interrupting:
-    """Wraps a backend; the n-th main-agent call presses Ctrl-C (a real SIGINT: asyncio.run cancels
-    the run's task, and raises KeyboardInterrupt once it has wound down)."""
+    """Wraps a backend; the n-th main-agent call raises KeyboardInterrupt (Ctrl-C mid-run)."""
 
     name = "interrupting"
 
@@ -150,7 +149,7 @@ class Interrupting:
         if requests[0].role == "main":
             self.calls += 1
             if self.calls == self.n:
-                signal.raise_signal(signal.SIGINT)
+                raise KeyboardInterrupt
         return await self.inner.generate(requests)
 
     async def aclose(self):
