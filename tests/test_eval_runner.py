@@ -138,7 +138,8 @@ def test_stopped_and_torn_run_resumes_to_the_same_summary(full, samples, tmp_pat
 
 
 class Interrupting:
-    """Wraps a backend; the n-th main-agent call raises KeyboardInterrupt (Ctrl-C mid-run)."""
+    """Wraps a backend; the n-th main-agent call presses Ctrl-C (a real SIGINT: asyncio.run cancels
+    the run's task, and raises KeyboardInterrupt once it has wound down)."""
 
     name = "interrupting"
 
@@ -149,17 +150,37 @@ class Interrupting:
         if requests[0].role == "main":
             self.calls += 1
             if self.calls == self.n:
-                raise KeyboardInterrupt
+                signal.raise_signal(signal.SIGINT)
         return await self.inner.generate(requests)
 
     async def aclose(self):
         return None
 
 
+def open_files_under(folder: Path) -> list[str]:
+    """The files under `folder` that this process holds open (Linux)."""
+    paths = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            paths.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # the listing's own fd, gone
+            pass
+    return [p for p in paths if p.startswith(str(folder.resolve()) + os.sep)]
+
+
 def test_ctrl_c_loses_nothing(full, samples, tmp_path):
+    """Ctrl-C at a terminal: the run winds down at once (its files closed, its folder's lock
+    released), every finished sample is kept, and a rerun finishes the run."""
+    # Python's own Ctrl-C handler, as at a terminal (whatever handler this process holds comes back after)
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
     out = tmp_path / "int"
-    with pytest.raises(KeyboardInterrupt):
-        run_eval(samples, Interrupting(make_backend(), 6), CFG, out, concurrency=2)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_eval(samples, Interrupting(make_backend(), 6), CFG, out, concurrency=2)
+    finally:
+        signal.signal(signal.SIGINT, old)
+    if os.path.isdir("/proc/self/fd"):  # closed when the run ended, not when its coroutine is collected
+        assert not open_files_under(out)
     kept = read_results(out / "results.jsonl")
     assert 1 <= len(kept) < len(samples)
     resumed = run_eval(samples, make_backend(), CFG, out, concurrency=2)

@@ -133,25 +133,31 @@ def test_a_pid_file_of_a_finished_run_or_a_reused_group_id_stops_nothing(tmp_pat
 
 def test_a_stop_signal_waits_for_a_held_block_then_stops_the_run():
     """SIGTERM raises Stop at once, except inside signals_held() (a checkpoint's write): there it
-    waits for the block to end."""
+    waits for the block to end. After stop_on_signals' block, the handlers held before it are back."""
     script = textwrap.dedent("""
         import os, signal, time
         from paravt.procs import Stop, signals_held, stop_on_signals
-        stop_on_signals()
-        try:
-            with signals_held():
-                os.kill(os.getpid(), signal.SIGTERM)
-                time.sleep(0.2)
-                print("the held block finished", flush=True)
-        except Stop as e:
-            print("stopped after it:", e.args[0], flush=True)
-        try:
+        with stop_on_signals():
+            try:
+                with signals_held():
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(0.2)
+                    print("the held block finished", flush=True)
+            except Stop as e:
+                print("stopped after it:", e.args[0], flush=True)
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)
+                print("not stopped")
+            except Stop as e:
+                print("stopped at once:", e.args[0], flush=True)
+        try:  # after the block: Ctrl-C is Python's own again
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(5)
-            print("not stopped")
-        except Stop as e:
-            print("stopped at once:", e.args[0], flush=True)
+            print("not interrupted")
+        except KeyboardInterrupt:
+            print("KeyboardInterrupt after the block", flush=True)
     """)
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    assert r.stdout.splitlines() == ["the held block finished", "stopped after it: SIGTERM", "stopped at once: SIGINT"], \
-        r.stdout + r.stderr
+    assert r.stdout.splitlines() == ["the held block finished", "stopped after it: SIGTERM", "stopped at once: SIGINT",
+                                     "KeyboardInterrupt after the block"], r.stdout + r.stderr

@@ -1,6 +1,7 @@
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -262,10 +263,14 @@ def test_cli_reports_config_errors():
 
     from paravt.cli import app
 
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     res = CliRunner().invoke(app, ["train", "grpo", "-o", "stepz=3"])
     assert res.exit_code == 2 and "stepz" in res.output
     res = CliRunner().invoke(app, ["train", "sft", "--override", "data=/nonexistent/sft.parquet"])
     assert res.exit_code == 2 and "does not exist" in res.output
+    # a run from Python leaves the caller's signal handlers as it found them (Ctrl-C raises
+    # KeyboardInterrupt again, not the trainer's Stop)
+    assert {s: signal.getsignal(s) for s in before} == before
 
 
 # ----------------------------------------------------------------------------------------------

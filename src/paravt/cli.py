@@ -6,6 +6,7 @@ Heavy imports (torch, transformers, av) happen inside the commands, so `paravt -
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 
 import typer
 
@@ -285,10 +286,10 @@ def _train(kind: str, config: str | None, overrides: list[str]) -> None:
 
     import os
 
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:  # torchrun manages its own processes' signals
-        stop_on_signals()  # SIGTERM as Ctrl-C, neither in the middle of a checkpoint's write
+    single = int(os.environ.get("WORLD_SIZE", "1")) <= 1  # torchrun manages its own processes' signals
     try:
-        last = run_training(kind, config, overrides)
+        with stop_on_signals() if single else nullcontext():  # SIGTERM as Ctrl-C, not mid-checkpoint
+            last = run_training(kind, config, overrides)
     except (KeyboardInterrupt, Stop) as e:
         why = f"{e.args[0] if isinstance(e, Stop) and e.args else 'SIGINT'}"
         typer.secho(f"{why}: the run stopped, and the servers it started with it; its last checkpoint is kept: "

@@ -37,6 +37,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 GRACE_S = 10.0  # SIGTERM, then this long, then SIGKILL
 WATCH_S = 0.25  # how often the guard looks at its parent and the server
@@ -190,12 +191,27 @@ class Stop(BaseException):
 _held = {"depth": 0, "pending": None}
 
 
-def stop_on_signals() -> None:
-    """SIGTERM and SIGINT raise Stop in the main thread, except inside `signals_held()`: there the
-    signal waits until the block ends (an exception raised in the middle of a checkpoint's write
-    leaves a half-written checkpoint, and torch's writer then fails with its own error)."""
-    for sig in (signal.SIGTERM, signal.SIGINT):
+@contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """Inside this block SIGTERM and SIGINT raise Stop in the main thread, except inside
+    `signals_held()`: there the signal waits until that block ends (an exception raised in the middle
+    of a checkpoint's write leaves a half-written checkpoint, and torch's writer then fails with its
+    own error). The handlers held before come back after it: a run started from Python (a notebook,
+    a test's CliRunner) must not leave Ctrl-C raising Stop in whatever runs next. Off the main
+    thread, where signals cannot be handled, the block changes nothing."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    for sig in before:
         signal.signal(sig, _on_stop)
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: set outside Python
 
 
 def _on_stop(signum, _frame) -> None:
