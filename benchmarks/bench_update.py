@@ -8,6 +8,8 @@ about; `--arch tiny` runs the same code on a CPU in seconds.
     python benchmarks/bench_update.py --arch tiny --device cpu             # the code path, on a CPU
     python benchmarks/bench_update.py --arch tiny --device cpu --packing both   # packed vs padded
     python benchmarks/bench_update.py --arch tiny --device cpu --packing both --vocab 151936  # Qwen's vocab
+    python benchmarks/bench_update.py --arch tiny --device cpu --group-prompts --token-budget 65536 \
+        --prompt-sharing off                                              # vs on: a prompt computed once
 
 The step's sequences are those of `--prompts` x `--rollouts` episodes: each a main trajectory
 (system + tools, K overview frames of 224x224 with timestamps, three generated turns of
@@ -17,13 +19,16 @@ The step's sequences are those of `--prompts` x `--rollouts` episodes: each a ma
 processes), packed into forward passes of at most `--token-budget` tokens (`--packing on`, the
 trainer's default), or padded, `--micro-batch-size` sequences a pass (`--packing off`, the path
 before packing; 1: no padding, one sequence a pass). `--packing both` runs each in a process of its
-own and prints both rows and their ratio.
+own and prints both rows and their ratio. `--group-prompts`: the rollouts of one prompt share its
+frames and text, as a GRPO group's do; packed under `_varlen_sdpa` (no flash-attn), a pass then
+computes a prompt its sequences share once (`--prompt-sharing off`: every time, the path before).
+`tokens` are the sequences' tokens, `computed_tokens` those less what a shared prompt spared.
 
 Peak memory: on a GPU torch's peak allocated bytes; on a CPU the peak resident set size during the
 update above the one before it (sampled every 5 ms). `update_cpu_s`: the process's CPU time, the
 figure to compare on a CPU shared with other work (wall time there measures the neighbours too).
 
-FLOPs counted per processed token: 6 x parameters (forward and backward of the policy) + 2 x
+FLOPs counted per computed token: 6 x parameters (forward and backward of the policy) + 2 x
 parameters (the reference's forward, which runs in the update with `--kl-mode loss`, the default
 here; with `reward` it runs before the update and is not counted) + 2 x parameters (the recompute of
 activation checkpointing, when on); attention's quadratic term is left out (small at these lengths).
@@ -65,9 +70,10 @@ def sequences(renderer, args, rng):
         return parts
 
     out = []
-    for _ in range(args.prompts * args.rollouts):
-        r = renderer.render([Message("system", "x"), Message("user", frames(args.frames, args.side))])
-        prompt = r.ids + text(args.system_tokens)
+    for i in range(args.prompts * args.rollouts):
+        if not args.group_prompts or i % args.rollouts == 0:  # else this prompt's rollouts share its prompt
+            r = renderer.render([Message("system", "x"), Message("user", frames(args.frames, args.side))])
+            prompt = r.ids + text(args.system_tokens)
         ids, mask = list(prompt), [0] * len(prompt)
         for turn in range(3):  # generated turns, each followed (but the last) by a round of summaries
             gen = text(args.turn_tokens)
@@ -141,7 +147,7 @@ def compare(argv: list[str]) -> None:
     if any("error" in r for r in rows.values()):
         print(json.dumps({"padded": rows["off"], "packed": rows["on"]}))
         sys.exit(1)
-    keys = ("forward_passes", "tokens", "update_s", "tokens_per_s", "update_cpu_s", "tokens_per_cpu_s", "peak_gpu_gb",
+    keys = ("forward_passes", "tokens", "computed_tokens", "update_s", "tokens_per_s", "update_cpu_s", "tokens_per_cpu_s", "peak_gpu_gb",
             "peak_rss_gb", "mfu", "loss")
     print(f"{'':>16} {'padded':>14} {'packed':>14}")
     for k in keys:
@@ -239,6 +245,10 @@ def main() -> None:
     ap.add_argument("--summary-tokens", type=int, default=200)
     ap.add_argument("--subs", type=int, default=5)
     ap.add_argument("--sub-tokens", type=int, default=256)
+    ap.add_argument("--group-prompts", action="store_true",
+                    help="the rollouts of one prompt share its frames and text, as GRPO's do (default: each its own)")
+    ap.add_argument("--prompt-sharing", choices=["on", "off"], default="on",
+                    help="packing on: hold a prompt that sequences of one pass share once (the trainer's path)")
     ap.add_argument("--packing", choices=["on", "off", "both"], default="on")
     ap.add_argument("--token-budget", type=int, default=8192, help="packing on: most tokens per forward pass")
     ap.add_argument("--micro-batch-size", type=int, default=1, help="packing off: sequences per (padded) pass")
@@ -259,6 +269,10 @@ def main() -> None:
         return compare(sys.argv[1:])
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.prompt_sharing == "off":
+        from paravt.train import prompt_sharing
+
+        prompt_sharing.MIN_SHARED = 1 << 62  # no common beginning is long enough
 
     from paravt.backends.hf import Renderer
     from paravt.models.tiny import build_8b_random, build_tiny
@@ -309,11 +323,18 @@ def main() -> None:
     wall, cpu = time.perf_counter() - t, time.process_time() - cpu
     from paravt.train.sequences import plan_micro_batches
 
-    passes = len(plan_micro_batches(mine, cfg.packing, cfg.micro_batch_size, cfg.token_budget))
+    from paravt.train.prompt_sharing import plan
+    from paravt.train.sequences import VARLEN_SDPA, packed_attention
+
+    groups = plan_micro_batches(mine, cfg.packing, cfg.micro_batch_size, cfg.token_budget)
+    passes = len(groups)
     tokens = engine.all_sum(sum(len(s.ids) for s in mine))
+    shared = 0  # tokens a shared prompt spared (packing under _varlen_sdpa: train.prompt_sharing)
+    if cfg.packing and packed_attention(model, cfg.mixed_precision == "bf16") == VARLEN_SDPA:
+        shared = engine.all_sum(sum(sh.shared for g in groups if len(g) > 1 for sh in plan(g, renderer)))
     # 6N policy forward + backward, 2N the reference's forward where the update runs it, 2N the recompute
     per_token = (6 + (2 if cfg.kl_mode == "loss" else 0) + (2 if cfg.activation_checkpointing else 0)) * n_params
-    mfu = tokens * per_token / wall / (args.peak_tflops * 1e12 * engine.world)
+    mfu = (tokens - shared) * per_token / wall / (args.peak_tflops * 1e12 * engine.world)
     row = {"arch": args.arch, "vocab": base_vocab, "packing": cfg.packing,
            "token_budget": cfg.token_budget if cfg.packing else None,
            "micro_batch_size": None if cfg.packing else cfg.micro_batch_size, "forward_passes": passes,
@@ -321,7 +342,8 @@ def main() -> None:
            "device": str(engine.device), "master_dtype": args.dtype, "cpu_offload": args.cpu_offload,
            "activation_checkpointing": cfg.activation_checkpointing, "kl_mode": cfg.kl_mode,
            "flops_per_token_n": per_token // n_params, "sequences": len(seqs),
-           "main_tokens": len(seqs[0].ids), "tokens": int(tokens), "trained_tokens": metrics["trained_tokens"],
+           "main_tokens": len(seqs[0].ids), "tokens": int(tokens), "computed_tokens": int(tokens - shared),
+           "trained_tokens": metrics["trained_tokens"],
            "update_s": wall, "tokens_per_s": tokens / wall, "update_cpu_s": cpu, "tokens_per_cpu_s": tokens / cpu,
            "mfu": mfu if cuda else None, "param_bytes_per_process_gb": param_bytes(model) / 2**30,
            "peak_gpu_gb": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,

@@ -186,3 +186,96 @@ def test_checkpoint_every_checkpoints_every_nth_layer_only():
 
     assert checkpointed(1) == [True] * 4
     assert checkpointed(2) == [True, False, True, False]
+
+
+# ----------------------------------------------------------------------------------------------
+# shared prompts (train.prompt_sharing): sequences that begin alike hold their beginning once
+
+
+def _rollouts(r: Renderer, rng, frames: list[np.ndarray], lengths: list[int], turns: int = 1) -> list[TrainSequence]:
+    """Rollouts of one prompt (these frames): the prompt's ids and frames, then each its own
+    generated tokens (and, with turns > 1, a tool response between its turns)."""
+    parts = []
+    for i, im in enumerate(frames):
+        parts += [TextPart(f"<{i}.0 seconds>"), ImagePart(im, float(i))]
+    parts.append(TextPart("What colour is the circle?"))
+    rd = r.render([Message("system", "You watch videos and answer questions about them."), Message("user", parts)])
+    out = []
+    for n in lengths:
+        ids, mask = list(rd.ids), [0] * len(rd.ids)
+        for t in range(turns):
+            gen = [int(x) for x in rng.integers(200, len(r.tok) - 200, n)]
+            ids, mask = ids + gen, mask + [1] * n
+            if t < turns - 1:
+                resp = r.encode("<tool_response>a red circle</tool_response>")
+                ids, mask = ids + resp, mask + [0] * len(resp)
+        old = [float(-rng.uniform(0.5, 3.0)) if m else 0.0 for m in mask]
+        adv = [float(rng.normal()) if m else 0.0 for m in mask]
+        out.append(TrainSequence(ids, mask, old, adv, list(rd.images), "main"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def sharing(tiny):
+    """Three rollouts of one prompt (one of two turns), two of a prompt with other frames of the
+    same sizes (the same ids up to the answer: only the frames tell them apart), and a sub-agent
+    sequence with frames of its own."""
+    r = Renderer(tiny[1])
+    rng = np.random.default_rng(1)
+    frames = [rng.integers(0, 256, (64, 64, 3), np.uint8) for _ in range(2)]
+    other = [rng.integers(0, 256, (64, 64, 3), np.uint8) for _ in range(2)]
+    a = _rollouts(r, rng, frames, [9, 4]) + _rollouts(r, rng, frames, [6], turns=2)
+    b = _rollouts(r, rng, other, [5, 7])
+    return [a[0], b[0], a[1], _seq(r, rng, [(96, 64)], 7, "sub"), a[2], b[1]]
+
+
+def test_shared_prompts_are_laid_out_once_and_never_across_other_frames(tiny, sharing):
+    from paravt.train import prompt_sharing as ps
+
+    r = Renderer(tiny[1])
+    shares = ps.plan(sharing, r)
+    roots = [i for i, s in enumerate(shares) if s.root < 0]
+    assert roots == [0, 1, 3]  # the first of each prompt, and the sub-agent's
+    assert [s.root for s in shares] == [-1, -1, 0, -1, 0, 1]
+    prompt = sharing[0].mask.index(1)
+    assert shares[2].shared == shares[4].shared == prompt  # the whole prompt, frames and all
+    assert shares[5].shared == prompt  # b's second rollout shares b's prompt, not a's
+    # the two prompts' ids agree up to the answer; their frames do not: shared only up to the first frame
+    pads = [p for p, t in enumerate(sharing[0].ids) if t == r.image_pad]
+    assert sharing[0].ids[:prompt] == sharing[1].ids[:prompt]
+    assert ps.shared_length(sharing[0], ps._image_runs(sharing[0], r), sharing[1],
+                            ps._image_runs(sharing[1], r)) == pads[0]
+    b = pack(tiny[0], r, sharing, share_prompts=True)
+    assert b.inputs["input_ids"].shape[1] == sum(len(s.ids) for s in sharing) - 3 * prompt
+    assert b.inputs["image_grid_thw"].shape[0] == 2 + 2 + 1  # each prompt's frames once, the sub-agent's
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_shared_prompts_give_the_same_logprobs_loss_and_gradients(tiny_dir, sharing, checkpointed):
+    """Shared or not, the same per-token log π_τ, entropy, loss and gradients (every parameter, the
+    vision tower's too), with the layers checkpointed (their attention recomputed in the backward)."""
+    model, processor = load_model(str(tiny_dir), device="cpu")
+    if checkpointed:  # in training mode, where checkpointed layers recompute in the backward
+        model = init_engine("single", "cpu", activation_checkpointing=True).prepare(model).train()
+    r = Renderer(processor)
+    n_tok = sum(s.n_trained for s in sharing)
+
+    def run(share: bool):
+        model.zero_grad(set_to_none=True)
+        with varlen_attention(model, impl=VARLEN_SDPA):
+            b = pack(model, r, sharing, chunk=7, share_prompts=share)
+            lp, ent = token_logprobs(model, b, with_entropy=True, temperature=TAU, banned=r.banned_ids)
+            loss, _ = ppo_loss(lp, b.old_logprobs, b.advantages, b.mask, n_tok, 0.2, lp.detach() - 0.05, 0.1)
+            loss.backward()
+        return sequence_rows(sharing, b, lp.detach()), sequence_rows(sharing, b, ent), float(loss.detach()), _grads(model)
+
+    plain, shared = run(False), run(True)
+    for k in (0, 1):
+        for s, w, g in zip(sharing, plain[k], shared[k]):
+            on = [p for p, m in enumerate(s.mask) if m]
+            assert np.allclose([g[p] for p in on], [w[p] for p in on], atol=1e-5, rtol=0)
+    assert shared[2] == pytest.approx(plain[2], rel=1e-5, abs=1e-6)
+    assert plain[3].keys() == shared[3].keys() and any("visual" in n for n in shared[3])
+    for n in plain[3]:
+        scale = plain[3][n].abs().max().item() + 1e-8
+        assert (shared[3][n] - plain[3][n]).abs().max().item() <= 1e-4 * scale + 1e-7, n

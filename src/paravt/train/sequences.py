@@ -322,37 +322,55 @@ def plan_micro_batches(seqs: list[TrainSequence], packing: bool, micro_batch_siz
 
 
 def pack(base_model, renderer: "Renderer", seqs: list[TrainSequence], device=None,
-         chunk: int = 1024) -> Batch:
+         chunk: int = 1024, share_prompts: bool = False) -> Batch:
     """One packed forward batch: the sequences' ids end to end in one row, each with its own
     M-RoPE positions and frames, no attention mask (attention stays inside each sequence by row 0
     of the positions, see above; run it under `varlen_attention`). The targets are the trained
-    tokens only, flat: the hidden state at `Batch.rows[k]` predicts `Batch.targets[k]`."""
+    tokens only, flat, in `seqs`' order: the hidden state at `Batch.rows[k]` predicts
+    `Batch.targets[k]`. `share_prompts` (only under `_varlen_sdpa`): sequences that begin alike
+    hold their common beginning once (train.prompt_sharing)."""
     from paravt.policy import model_inputs
+    from paravt.train import prompt_sharing as ps
 
     if not seqs:
         raise SequenceError("empty batch")
     device = device or base_model.device
-    parts = [model_inputs(base_model, renderer, [s.ids], [s.images], device=device) for s in seqs]
-    rows, targets, spans = [], [], []
-    offset = 0
     for s in seqs:
-        trained = [p for p, m in enumerate(s.mask) if m]
-        if not trained:
+        trained = s.mask.index(1) if 1 in s.mask else None
+        if trained is None:
             raise SequenceError(f"a {s.kind} sequence has no trained token")
-        if trained[0] < 1:
+        if trained < 1:
             raise SequenceError("the first token of a sequence cannot be trained (it has no context)")
+    shares = ps.plan(seqs, renderer) if share_prompts and len(seqs) > 1 else [ps.Share()] * len(seqs)
+    order = ps.layout_order(shares)
+    parts = {i: model_inputs(base_model, renderer, [seqs[i].ids], [seqs[i].images], device=device) for i in order}
+    offset, start, pieces = 0, {}, []
+    for c, i in enumerate(order):  # the layout: each root whole, then its continuations' own tokens
+        s, p, cut = seqs[i], parts[i], shares[i].shared
+        start[i] = offset
+        own = torch.arange(cut, len(s.ids), device=device).view(1, 1, -1)
+        row0 = own + (c * ps.OFFSET if cut else 0)  # see train.prompt_sharing
+        piece = {"input_ids": p["input_ids"][:, cut:], "mm_token_type_ids": p["mm_token_type_ids"][:, cut:],
+                 "position_ids": torch.cat([row0, p["position_ids"][..., cut:]], 0)}
+        if "pixel_values" in p:
+            skip = ps.shared_images(ps._image_runs(s, renderer), cut) if cut else 0
+            grid = p["image_grid_thw"]
+            if skip < grid.shape[0]:
+                piece["pixel_values"] = p["pixel_values"][int(grid[:skip].prod(-1).sum()):]
+                piece["image_grid_thw"] = grid[skip:]
+        pieces.append(piece)
+        offset += len(s.ids) - cut
+    rows, targets, spans = [], [], []
+    for i, s in enumerate(seqs):  # row of the hidden state before each trained token (a root's, if shared)
+        trained = [p for p, m in enumerate(s.mask) if m]
         spans.append((len(rows), len(trained)))
-        rows += [offset + p - 1 for p in trained]
+        r, cut = shares[i].root, shares[i].shared
+        rows += [start[r] + p - 1 if p - 1 < cut else start[i] + p - 1 - cut for p in trained]
         targets += [s.ids[p] for p in trained]
-        offset += len(s.ids)
-    # row 0: 0..L-1 per sequence (where the mask and flash's cu_seqlens see a new sequence start)
-    positions = [torch.cat([torch.arange(len(s.ids), device=device).view(1, 1, -1), p["position_ids"]], 0)
-                 for s, p in zip(seqs, parts)]
-    inputs = {"input_ids": torch.cat([p["input_ids"] for p in parts], 1), "position_ids": torch.cat(positions, -1),
-              "mm_token_type_ids": torch.cat([p["mm_token_type_ids"] for p in parts], 1)}
-    if any("pixel_values" in p for p in parts):
-        inputs["pixel_values"] = torch.cat([p["pixel_values"] for p in parts if "pixel_values" in p], 0)
-        inputs["image_grid_thw"] = torch.cat([p["image_grid_thw"] for p in parts if "image_grid_thw" in p], 0)
+    inputs = {k: torch.cat([q[k] for q in pieces], -1) for k in ("input_ids", "mm_token_type_ids", "position_ids")}
+    if any("pixel_values" in q for q in pieces):
+        inputs["pixel_values"] = torch.cat([q["pixel_values"] for q in pieces if "pixel_values" in q], 0)
+        inputs["image_grid_thw"] = torch.cat([q["image_grid_thw"] for q in pieces if "image_grid_thw" in q], 0)
 
     def flat(attr: str) -> torch.Tensor:
         return torch.tensor([v for s in seqs for v, m in zip(getattr(s, attr), s.mask) if m],
@@ -369,9 +387,12 @@ def pack(base_model, renderer: "Renderer", seqs: list[TrainSequence], device=Non
 
 
 def make_batch(base_model, renderer: "Renderer", seqs: list[TrainSequence], packing: bool, device=None,
-               chunk: int = 1024) -> Batch:
-    """A packed batch, or (packing off) the left-padded one of `collate`."""
-    return pack(base_model, renderer, seqs, device, chunk) if packing else collate(base_model, renderer, seqs, device)
+               chunk: int = 1024, share_prompts: bool = False) -> Batch:
+    """A packed batch (its common beginnings held once with `share_prompts`), or (packing off) the
+    left-padded one of `collate`."""
+    if packing:
+        return pack(base_model, renderer, seqs, device, chunk, share_prompts)
+    return collate(base_model, renderer, seqs, device)
 
 
 def _chunk_logprobs(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
@@ -468,16 +489,21 @@ def _varlen_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: torch.Te
     costs. For CPUs and GPUs without flash-attn. Anything but one packed row: plain sdpa."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    from paravt.train.prompt_sharing import continuation_mask, segments
+
     pos = kwargs.pop("position_ids", None)
     if pos is None or query.shape[0] != 1 or attention_mask is not None or query.shape[2] != key.shape[2]:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    t = query.shape[2]
-    starts = (pos.reshape(-1)[:t] == 0).nonzero().flatten().tolist()
-    if not starts or starts[0] != 0:
-        starts = [0] + starts
-    outs = [sdpa_attention_forward(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, dropout=dropout,
-                                   scaling=scaling, **kwargs)[0] for a, b in zip(starts, starts[1:] + [t])]
+    outs = []
+    for a, b, root, shared in segments(pos.reshape(-1)[:query.shape[2]]):
+        k, v, mask = key[:, :, a:b], value[:, :, a:b], None
+        if shared:  # a continuation: the root's first `shared` tokens, then its own (train.prompt_sharing)
+            k = torch.cat([key[:, :, root:root + shared], k], 2)
+            v = torch.cat([value[:, :, root:root + shared], v], 2)
+            mask = continuation_mask(b - a, shared, query.device)[None, None]
+        outs.append(sdpa_attention_forward(module, query[:, :, a:b], k, v, mask, dropout=dropout, scaling=scaling,
+                                           **kwargs)[0])
     return torch.cat(outs, 1), None
 
 

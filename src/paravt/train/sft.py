@@ -282,18 +282,20 @@ def backward_micro_batches(engine, model, base, renderer, groups: list, n_tok: i
     the world size: the update is the token mean over the whole batch. loss_fn(batch, real) -> the
     loss summed over the micro-batch's trained tokens (`real` is False on a padding pass, whose
     statistics must not count). `packing`: the groups are packed (train.sequences.pack), under
-    flash-attention's varlen kernel where installed, for the backward's recomputes too. Returns
+    flash-attention's varlen kernel where installed, for the backward's recomputes too, else under
+    `_varlen_sdpa` with the prompts the sequences share held once (train.prompt_sharing). Returns
     the local loss sum."""
     from contextlib import nullcontext
 
-    from paravt.train.sequences import make_batch, varlen_attention
+    from paravt.train.sequences import VARLEN_SDPA, make_batch, varlen_attention
 
     n = engine.all_max(len(groups))
     total = 0.0
-    with varlen_attention(model, bf16_compute=engine.mixed_precision == "bf16") if packing else nullcontext():
+    with varlen_attention(model, bf16_compute=engine.mixed_precision == "bf16") if packing else nullcontext() as impl:
         for gi in range(n):
             real = gi < len(groups)
-            batch = make_batch(base, renderer, groups[gi if real else 0], packing, chunk=chunk)
+            batch = make_batch(base, renderer, groups[gi if real else 0], packing, chunk=chunk,
+                               share_prompts=impl == VARLEN_SDPA)
             with engine.accumulate(model, last=gi == n - 1), engine.autocast():
                 summed = loss_fn(batch, real)
                 loss = summed * (engine.world / max(n_tok, 1)) * (1.0 if real else 0.0)

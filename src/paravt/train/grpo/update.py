@@ -27,16 +27,18 @@ def reference_logprobs(engine, ref, base, renderer, seqs: list[TrainSequence], c
     sequence's tokens (packed: its trained tokens, the only ones read), into `TrainSequence.<into>`,
     without grad; every process runs the same number of passes (sharded models: collectives must
     match). The passes are the update's: packed by cfg.token_budget, or cfg.micro_batch_size padded."""
-    from paravt.train.sequences import make_batch, plan_micro_batches, sequence_rows, token_logprobs, varlen_attention
+    from paravt.train.sequences import (VARLEN_SDPA, make_batch, plan_micro_batches, sequence_rows, token_logprobs,
+                                        varlen_attention)
 
     groups = plan_micro_batches(seqs, cfg.packing, cfg.micro_batch_size, cfg.token_budget)
     n = engine.all_max(len(groups))
     with torch.no_grad(), varlen_attention(ref, bf16_compute=engine.mixed_precision == "bf16") if cfg.packing \
-            else nullcontext():
+            else nullcontext() as impl:
         for gi in range(n):
             real = gi < len(groups)
             group = groups[gi if real else 0]
-            batch = make_batch(base, renderer, group, cfg.packing, chunk=cfg.logprob_chunk)
+            batch = make_batch(base, renderer, group, cfg.packing, chunk=cfg.logprob_chunk,
+                               share_prompts=impl == VARLEN_SDPA)
             with engine.autocast():
                 lp, _ = token_logprobs(ref, batch, temperature=cfg.temperature, banned=renderer.banned_ids)
             if real:
