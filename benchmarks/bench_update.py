@@ -324,13 +324,14 @@ def main() -> None:
     from paravt.train.sequences import plan_micro_batches
 
     from paravt.train.prompt_sharing import plan
-    from paravt.train.sequences import VARLEN_SDPA, packed_attention
+    from paravt.train.sequences import shares_prompts
 
-    groups = plan_micro_batches(mine, cfg.packing, cfg.micro_batch_size, cfg.token_budget)
+    share = shares_prompts(model, cfg.packing, cfg.mixed_precision == "bf16")  # as the update planned its passes
+    groups = plan_micro_batches(mine, cfg.packing, cfg.micro_batch_size, cfg.token_budget, renderer if share else None)
     passes = len(groups)
     tokens = engine.all_sum(sum(len(s.ids) for s in mine))
-    shared = 0  # tokens a shared prompt spared (packing under _varlen_sdpa: train.prompt_sharing)
-    if cfg.packing and packed_attention(model, cfg.mixed_precision == "bf16") == VARLEN_SDPA:
+    shared = 0  # tokens a shared prompt spared (train.prompt_sharing)
+    if share:
         shared = engine.all_sum(sum(sh.shared for g in groups if len(g) > 1 for sh in plan(g, renderer)))
     # 6N policy forward + backward, 2N the reference's forward where the update runs it, 2N the recompute
     per_token = (6 + (2 if cfg.kl_mode == "loss" else 0) + (2 if cfg.activation_checkpointing else 0)) * n_params

@@ -279,3 +279,20 @@ def test_shared_prompts_give_the_same_logprobs_loss_and_gradients(tiny_dir, shar
     for n in plain[3]:
         scale = plain[3][n].abs().max().item() + 1e-8
         assert (shared[3][n] - plain[3][n]).abs().max().item() <= 1e-4 * scale + 1e-7, n
+
+
+def test_a_shared_prompt_counts_once_against_the_token_budget(tiny, sharing):
+    """With sharing, a pass's budget holds what it computes: a prompt its sequences share counts
+    once, so a group's rollouts fit in one pass that their full lengths would overflow, and no
+    pass computes more than the budget."""
+    r = Renderer(tiny[1])
+    group = [sharing[i] for i in (0, 2, 4)]  # one prompt's three rollouts
+    prompt = group[0].mask.index(1)
+    budget = sum(len(s.ids) for s in group) - 2 * prompt
+    assert len(pack_groups(group, budget)) > 1
+    assert [len(g) for g in pack_groups(group, budget, r)] == [3]
+    for budget in (max(len(s.ids) for s in sharing), budget, 2 * budget):
+        groups = plan_micro_batches(sharing, True, 1, budget, r)
+        assert sorted(id(s) for g in groups for s in g) == sorted(id(s) for s in sharing)
+        for g in groups:
+            assert len(g) == 1 or pack(tiny[0], r, g, share_prompts=True).inputs["input_ids"].shape[1] <= budget

@@ -80,23 +80,57 @@ def shared_length(root: "TrainSequence", root_runs: list[tuple[int, int]], seq: 
     return s
 
 
+def best_root(seq: "TrainSequence", runs: list[tuple[int, int]], roots: list[int], seqs: list["TrainSequence"],
+              all_runs: list[list[tuple[int, int]]], min_shared: int | None = None) -> Share:
+    """The root among `roots` (indices into `seqs`) that `seq` shares the most with, at least
+    `min_shared` tokens (default MIN_SHARED); Share() when none does."""
+    min_shared = MIN_SHARED if min_shared is None else min_shared
+    best = Share()
+    for r in roots:
+        s = shared_length(seqs[r], all_runs[r], seq, runs)
+        if s >= min_shared and s > best.shared:
+            best = Share(r, s)
+    return best
+
+
 def plan(seqs: list["TrainSequence"], renderer: "Renderer", min_shared: int | None = None) -> list[Share]:
     """Each sequence's layout in the pack: a continuation of the earlier root it shares the most
     with (at least `min_shared` tokens, default MIN_SHARED), else a root of its own."""
-    min_shared = MIN_SHARED if min_shared is None else min_shared
     runs = [_image_runs(s, renderer) for s in seqs]
     roots: list[int] = []
     out: list[Share] = []
     for i, seq in enumerate(seqs):
-        best = Share()
-        for r in roots:
-            s = shared_length(seqs[r], runs[r], seq, runs[i])
-            if s >= min_shared and s > best.shared:
-                best = Share(r, s)
+        best = best_root(seq, runs[i], roots, seqs, runs, min_shared)
         if best.root < 0:
             roots.append(i)
         out.append(best)
     return out
+
+
+def pack_groups(seqs: list["TrainSequence"], token_budget: int, renderer: "Renderer") -> list[list["TrainSequence"]]:
+    """`train.sequences.pack_groups` counting what a pass computes: a sequence costs its length
+    less the prompt it shares with a root already in the pass (as `plan` will lay the pass out:
+    the same roots, in the same order). First fit, longest first."""
+    order = sorted(seqs, key=lambda s: -len(s.ids))
+    runs = [_image_runs(s, renderer) for s in order]
+    groups: list[list[int]] = []
+    roots: list[list[int]] = []
+    room: list[int] = []
+    for i, seq in enumerate(order):
+        for g in range(len(groups)):
+            share = best_root(seq, runs[i], roots[g], order, runs)
+            cost = len(seq.ids) - share.shared
+            if cost <= room[g]:
+                groups[g].append(i)
+                room[g] -= cost
+                if share.root < 0:
+                    roots[g].append(i)
+                break
+        else:
+            groups.append([i])
+            roots.append([i])
+            room.append(token_budget - len(seq.ids))
+    return [[order[i] for i in g] for g in groups]
 
 
 def layout_order(shares: list[Share]) -> list[int]:

@@ -295,11 +295,18 @@ def micro_batches(seqs: list[TrainSequence], size: int) -> list[list[TrainSequen
 # switches the text model to it around packed passes (`varlen_attention`).
 
 
-def pack_groups(seqs: list[TrainSequence], token_budget: int) -> list[list[TrainSequence]]:
+def pack_groups(seqs: list[TrainSequence], token_budget: int, share_with: "Renderer | None" = None
+                ) -> list[list[TrainSequence]]:
     """Sequences in groups of at most `token_budget` tokens (first-fit over lengths, longest
-    first: few, full forward passes); a sequence longer than the budget is a group of its own."""
+    first: few, full forward passes); a sequence longer than the budget is a group of its own.
+    `share_with` (the renderer; passes that share prompts, `pack(share_prompts=True)`): a prompt a
+    pass holds once counts once (train.prompt_sharing.pack_groups)."""
     if token_budget < 1:
         raise ValueError(f"token_budget must be >= 1, got {token_budget}")
+    if share_with is not None:
+        from paravt.train.prompt_sharing import pack_groups as sharing_groups
+
+        return sharing_groups(seqs, token_budget, share_with)
     groups: list[list[TrainSequence]] = []
     room: list[int] = []
     for s in sorted(seqs, key=lambda s: -len(s.ids)):
@@ -315,10 +322,19 @@ def pack_groups(seqs: list[TrainSequence], token_budget: int) -> list[list[Train
 
 
 def plan_micro_batches(seqs: list[TrainSequence], packing: bool, micro_batch_size: int,
-                       token_budget: int) -> list[list[TrainSequence]]:
-    """The forward passes of a list of sequences: packed by token budget, or (packing off, the
-    padded path) `micro_batch_size` sequences at a time."""
-    return pack_groups(seqs, token_budget) if packing else micro_batches(seqs, micro_batch_size)
+                       token_budget: int, share_with: "Renderer | None" = None) -> list[list[TrainSequence]]:
+    """The forward passes of a list of sequences: packed by token budget (counting a shared prompt
+    once with `share_with`, see pack_groups), or (packing off, the padded path) `micro_batch_size`
+    sequences at a time."""
+    if packing:
+        return pack_groups(seqs, token_budget, share_with)
+    return micro_batches(seqs, micro_batch_size)
+
+
+def shares_prompts(model, packing: bool, bf16_compute: bool = False) -> bool:
+    """Whether this model's packed passes hold shared prompts once: packed, under `_varlen_sdpa`
+    (the attention `varlen_attention` will pick; flash-attention's kernel cannot)."""
+    return packing and packed_attention(model, bf16_compute) == VARLEN_SDPA
 
 
 def pack(base_model, renderer: "Renderer", seqs: list[TrainSequence], device=None,

@@ -375,7 +375,7 @@ def _train_sft(cfg: SFTConfig, console=None) -> dict:
     from paravt.chat import Renderer
     from paravt.train.checkpoint import diverged, step_schedule
     from paravt.train.logging import RunLogger
-    from paravt.train.sequences import plan_micro_batches, token_logprobs
+    from paravt.train.sequences import plan_micro_batches, shares_prompts, token_logprobs
 
     console = console or Console()
     engine = make_engine(cfg)
@@ -387,6 +387,7 @@ def _train_sft(cfg: SFTConfig, console=None) -> dict:
     root = Path(cfg.video_root) if cfg.video_root else Path(cfg.data).parent
     model, base, processor, params, opt, sched, step = _start_run(cfg, engine, console)
     renderer = Renderer(processor)
+    share_with = renderer if shares_prompts(model, cfg.packing, engine.mixed_precision == "bf16") else None
     log = RunLogger(out, "sft", resume_step=step, enabled=engine.main)
     readers = _Readers()
     per_rank = cfg.batch_size // world
@@ -413,7 +414,7 @@ def _train_sft(cfg: SFTConfig, console=None) -> dict:
                 if n_tok == 0 or not seqs:
                     raise ConfigError(f"step {step}: the batch's rows have no assistant tokens")
                 opt.zero_grad(set_to_none=True)
-                groups = plan_micro_batches(seqs, cfg.packing, cfg.micro_batch_size, cfg.token_budget)
+                groups = plan_micro_batches(seqs, cfg.packing, cfg.micro_batch_size, cfg.token_budget, share_with)
                 local = backward_micro_batches(engine, model, base, renderer, groups, n_tok, nll, cfg.packing,
                                                cfg.logprob_chunk)
                 total = engine.all_sum(local) / n_tok  # the batch's mean token NLL

@@ -27,10 +27,11 @@ def reference_logprobs(engine, ref, base, renderer, seqs: list[TrainSequence], c
     sequence's tokens (packed: its trained tokens, the only ones read), into `TrainSequence.<into>`,
     without grad; every process runs the same number of passes (sharded models: collectives must
     match). The passes are the update's: packed by cfg.token_budget, or cfg.micro_batch_size padded."""
-    from paravt.train.sequences import (VARLEN_SDPA, make_batch, plan_micro_batches, sequence_rows, token_logprobs,
-                                        varlen_attention)
+    from paravt.train.sequences import (VARLEN_SDPA, make_batch, plan_micro_batches, sequence_rows, shares_prompts,
+                                        token_logprobs, varlen_attention)
 
-    groups = plan_micro_batches(seqs, cfg.packing, cfg.micro_batch_size, cfg.token_budget)
+    share = shares_prompts(ref, cfg.packing, engine.mixed_precision == "bf16")
+    groups = plan_micro_batches(seqs, cfg.packing, cfg.micro_batch_size, cfg.token_budget, renderer if share else None)
     n = engine.all_max(len(groups))
     with torch.no_grad(), varlen_attention(ref, bf16_compute=engine.mixed_precision == "bf16") if cfg.packing \
             else nullcontext() as impl:
@@ -126,8 +127,10 @@ def update_policy(cfg: GRPOConfig, engine, model, base, ref, renderer, opt, para
     forward's own log π_θ detached (the same weights: one pass fewer, the same gradient)."""
     import numpy as np
 
-    from paravt.train.sequences import plan_micro_batches
+    from paravt.train.sequences import plan_micro_batches, shares_prompts
     from paravt.train.sft import backward_micro_batches
+
+    share_with = renderer if shares_prompts(model, cfg.packing, engine.mixed_precision == "bf16") else None
 
     n_mb = -engine.all_max(-min(cfg.minibatches, len(seqs)))  # every process takes the same optimizer steps
     rng = np.random.default_rng([cfg.seed, step, 7])
@@ -142,7 +145,7 @@ def update_policy(cfg: GRPOConfig, engine, model, base, ref, renderer, opt, para
             mb_seqs = [seqs[i] for i in order[mb::n_mb]]
             n_tok = int(engine.all_sum(sum(q.n_trained for q in mb_seqs)))
             opt.zero_grad(set_to_none=True)
-            groups = plan_micro_batches(mb_seqs, cfg.packing, cfg.micro_batch_size, cfg.token_budget)
+            groups = plan_micro_batches(mb_seqs, cfg.packing, cfg.micro_batch_size, cfg.token_budget, share_with)
             mb_loss = engine.all_sum(backward_micro_batches(engine, model, base, renderer, groups, n_tok, surrogate,
                                                             cfg.packing, cfg.logprob_chunk))
             totals.sums["loss"] += mb_loss
