@@ -296,3 +296,14 @@ def test_a_shared_prompt_counts_once_against_the_token_budget(tiny, sharing):
         assert sorted(id(s) for g in groups for s in g) == sorted(id(s) for s in sharing)
         for g in groups:
             assert len(g) == 1 or pack(tiny[0], r, g, share_prompts=True).inputs["input_ids"].shape[1] <= budget
+
+
+def test_a_sequence_without_trained_tokens_is_still_the_packs_clear_error(tiny, sharing):
+    from paravt.train.sequences import SequenceError
+
+    r = Renderer(tiny[1])
+    s = sharing[2]
+    untrained = TrainSequence(list(s.ids), [0] * len(s.ids), [0.0] * len(s.ids), [0.0] * len(s.ids), s.images)
+    groups = plan_micro_batches([sharing[0], untrained], True, 1, 10_000, r)
+    with pytest.raises(SequenceError, match="no trained token"):
+        pack(tiny[0], r, groups[0], share_prompts=True)

@@ -67,7 +67,7 @@ def shared_length(root: "TrainSequence", root_runs: list[tuple[int, int]], seq: 
     """How many of `root`'s first tokens `seq` can reuse: their common ids, no further than the
     token before seq's first trained one (its hidden state is the first that seq reads), cut before
     the first image the two do not hold alike (the same placeholders may stand for other frames)."""
-    limit = min(len(root.ids), seq.mask.index(1))
+    limit = min(len(root.ids), seq.mask.index(1) if 1 in seq.mask else 0)  # none trained: pack() says so
     a, b = np.asarray(root.ids[:limit]), np.asarray(seq.ids[:limit])
     differ = np.flatnonzero(a != b)
     s = int(differ[0]) if len(differ) else limit
