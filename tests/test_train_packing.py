@@ -218,15 +218,16 @@ def _rollouts(r: Renderer, rng, frames: list[np.ndarray], lengths: list[int], tu
 @pytest.fixture(scope="module")
 def sharing(tiny):
     """Three rollouts of one prompt (one of two turns), two of a prompt with other frames of the
-    same sizes (the same ids up to the answer: only the frames tell them apart), and a sub-agent
-    sequence with frames of its own."""
+    same sizes (the same ids up to the answer: only the frames tell them apart), a sub-agent
+    sequence with frames of its own, and a prompt with the first prompt's frames and one more."""
     r = Renderer(tiny[1])
     rng = np.random.default_rng(1)
     frames = [rng.integers(0, 256, (64, 64, 3), np.uint8) for _ in range(2)]
     other = [rng.integers(0, 256, (64, 64, 3), np.uint8) for _ in range(2)]
     a = _rollouts(r, rng, frames, [9, 4]) + _rollouts(r, rng, frames, [6], turns=2)
     b = _rollouts(r, rng, other, [5, 7])
-    return [a[0], b[0], a[1], _seq(r, rng, [(96, 64)], 7, "sub"), a[2], b[1]]
+    more = _rollouts(r, rng, frames + [rng.integers(0, 256, (64, 96, 3), np.uint8)], [6])
+    return [a[0], b[0], a[1], _seq(r, rng, [(96, 64)], 7, "sub"), a[2], b[1], more[0]]
 
 
 def test_shared_prompts_are_laid_out_once_and_never_across_other_frames(tiny, sharing):
@@ -236,7 +237,7 @@ def test_shared_prompts_are_laid_out_once_and_never_across_other_frames(tiny, sh
     shares = ps.plan(sharing, r)
     roots = [i for i, s in enumerate(shares) if s.root < 0]
     assert roots == [0, 1, 3]  # the first of each prompt, and the sub-agent's
-    assert [s.root for s in shares] == [-1, -1, 0, -1, 0, 1]
+    assert [s.root for s in shares] == [-1, -1, 0, -1, 0, 1, 0]
     prompt = sharing[0].mask.index(1)
     assert shares[2].shared == shares[4].shared == prompt  # the whole prompt, frames and all
     assert shares[5].shared == prompt  # b's second rollout shares b's prompt, not a's
@@ -245,9 +246,12 @@ def test_shared_prompts_are_laid_out_once_and_never_across_other_frames(tiny, sh
     assert sharing[0].ids[:prompt] == sharing[1].ids[:prompt]
     assert ps.shared_length(sharing[0], ps._image_runs(sharing[0], r), sharing[1],
                             ps._image_runs(sharing[1], r)) == pads[0]
+    # the last prompt holds the first's two frames, then one of its own: shared up to where they part
+    runs = ps._image_runs(sharing[6], r)
+    assert runs[1][1] < shares[6].shared < runs[2][0] and ps.shared_images(runs, shares[6].shared) == 2
     b = pack(tiny[0], r, sharing, share_prompts=True)
-    assert b.inputs["input_ids"].shape[1] == sum(len(s.ids) for s in sharing) - 3 * prompt
-    assert b.inputs["image_grid_thw"].shape[0] == 2 + 2 + 1  # each prompt's frames once, the sub-agent's
+    assert b.inputs["input_ids"].shape[1] == sum(len(s.ids) for s in sharing) - 3 * prompt - shares[6].shared
+    assert b.inputs["image_grid_thw"].shape[0] == 2 + 2 + 1 + 1  # each prompt's frames once, the others' own
 
 
 @pytest.mark.parametrize("checkpointed", [False, True])

@@ -12,10 +12,13 @@ import torch
 from paravt.chat import Renderer
 
 
-def model_inputs(model, renderer: Renderer, rows: list[list[int]], images: list[list[np.ndarray]], device=None) -> dict:
+def model_inputs(model, renderer: Renderer, rows: list[list[int]], images: list[list[np.ndarray]], device=None,
+                 pixels: dict | None = None) -> dict:
     """Left-padded batch inputs (ids, mask, mm token types, pixels, 3-D positions) for `rows`.
 
-    `images[i]` are the frames of row i in the order their placeholders appear."""
+    `images[i]` are the frames of row i in the order their placeholders appear. `pixels`: their
+    `Renderer.pixel_inputs`, already made (a packed pass's shared prompt: the grid of every frame,
+    the pixels of those not already in the pass)."""
     device = device or model.device
     pad = renderer.tok.pad_token_id if renderer.tok.pad_token_id is not None else 0
     width = max(len(r) for r in rows)
@@ -26,10 +29,11 @@ def model_inputs(model, renderer: Renderer, rows: list[list[int]], images: list[
         attention[i, width - len(r):] = 1
     mm_types = (input_ids == renderer.image_pad).int() * attention
     flat_images = [im for per in images for im in per]
-    pix = renderer.pixel_inputs(flat_images)
+    pix = renderer.pixel_inputs(flat_images) if pixels is None else pixels
     inputs = {"input_ids": input_ids.to(device), "attention_mask": attention.to(device)}
-    if pix:
+    if pix.get("pixel_values") is not None:
         inputs["pixel_values"] = pix["pixel_values"].to(device=device, dtype=model.dtype)
+    if pix.get("image_grid_thw") is not None:
         inputs["image_grid_thw"] = pix["image_grid_thw"].to(device)
     position_ids, _ = model.model.get_rope_index(
         inputs["input_ids"],

@@ -358,22 +358,25 @@ def pack(base_model, renderer: "Renderer", seqs: list[TrainSequence], device=Non
         if trained < 1:
             raise SequenceError("the first token of a sequence cannot be trained (it has no context)")
     shares = ps.plan(seqs, renderer) if share_prompts and len(seqs) > 1 else [ps.Share()] * len(seqs)
-    order = ps.layout_order(shares)
-    parts = {i: model_inputs(base_model, renderer, [seqs[i].ids], [seqs[i].images], device=device) for i in order}
-    offset, start, pieces = 0, {}, []
-    for c, i in enumerate(order):  # the layout: each root whole, then its continuations' own tokens
-        s, p, cut = seqs[i], parts[i], shares[i].shared
+    offset, start, pieces, grids = 0, {}, [], {}
+    for c, i in enumerate(ps.layout_order(shares)):  # each root whole, then its continuations' own tokens
+        s, cut = seqs[i], shares[i].shared
+        skip = ps.shared_images(ps._image_runs(s, renderer), cut) if cut else 0
+        pixels = None
+        if skip:  # the root's frames are in the pass already: only their grid, for this sequence's positions
+            own = renderer.pixel_inputs(s.images[skip:])
+            pixels = {"pixel_values": own.get("pixel_values"),
+                      "image_grid_thw": torch.cat([grids[shares[i].root][:skip].cpu()]
+                                                  + ([own["image_grid_thw"]] if own else []))}
+        p = model_inputs(base_model, renderer, [s.ids], [s.images], device=device, pixels=pixels)
+        grids[i] = p.get("image_grid_thw")
         start[i] = offset
-        own = torch.arange(cut, len(s.ids), device=device).view(1, 1, -1)
-        row0 = own + (c * ps.OFFSET if cut else 0)  # see train.prompt_sharing
+        row0 = torch.arange(cut, len(s.ids), device=device).view(1, 1, -1) + (c * ps.OFFSET if cut else 0)
         piece = {"input_ids": p["input_ids"][:, cut:], "mm_token_type_ids": p["mm_token_type_ids"][:, cut:],
-                 "position_ids": torch.cat([row0, p["position_ids"][..., cut:]], 0)}
+                 "position_ids": torch.cat([row0, p["position_ids"][..., cut:]], 0)}  # row 0: train.prompt_sharing
         if "pixel_values" in p:
-            skip = ps.shared_images(ps._image_runs(s, renderer), cut) if cut else 0
-            grid = p["image_grid_thw"]
-            if skip < grid.shape[0]:
-                piece["pixel_values"] = p["pixel_values"][int(grid[:skip].prod(-1).sum()):]
-                piece["image_grid_thw"] = grid[skip:]
+            piece["pixel_values"] = p["pixel_values"]  # a continuation's: its own frames' only
+            piece["image_grid_thw"] = p["image_grid_thw"][skip:]
         pieces.append(piece)
         offset += len(s.ids) - cut
     rows, targets, spans = [], [], []
