@@ -147,8 +147,8 @@ def compare(argv: list[str]) -> None:
     if any("error" in r for r in rows.values()):
         print(json.dumps({"padded": rows["off"], "packed": rows["on"]}))
         sys.exit(1)
-    keys = ("forward_passes", "tokens", "computed_tokens", "update_s", "tokens_per_s", "update_cpu_s", "tokens_per_cpu_s", "peak_gpu_gb",
-            "peak_rss_gb", "mfu", "loss")
+    keys = ("forward_passes", "tokens", "computed_tokens", "update_s", "tokens_per_s", "update_cpu_s",
+            "tokens_per_cpu_s", "peak_gpu_gb", "peak_rss_gb", "mfu", "loss")
     print(f"{'':>16} {'padded':>14} {'packed':>14}")
     for k in keys:
         a, b = rows["off"].get(k), rows["on"].get(k)

@@ -244,11 +244,11 @@ def test_shared_prompts_are_laid_out_once_and_never_across_other_frames(tiny, sh
     # the two prompts' ids agree up to the answer; their frames do not: shared only up to the first frame
     pads = [p for p, t in enumerate(sharing[0].ids) if t == r.image_pad]
     assert sharing[0].ids[:prompt] == sharing[1].ids[:prompt]
-    assert ps.shared_length(sharing[0], ps._image_runs(sharing[0], r), sharing[1],
-                            ps._image_runs(sharing[1], r)) == pads[0]
+    assert ps.shared_length(sharing[0], ps.image_runs(sharing[0], r), sharing[1],
+                            ps.image_runs(sharing[1], r)) == pads[0]
     # the last prompt holds the first's two frames, then one of its own: shared up to where they part
-    runs = ps._image_runs(sharing[6], r)
-    assert runs[1][1] < shares[6].shared < runs[2][0] and ps.shared_images(runs, shares[6].shared) == 2
+    runs = ps.image_runs(sharing[6], r)
+    assert runs[1][1] < shares[6].shared < runs[2][0] and shares[6].images == ps.shared_images(runs, shares[6].shared) == 2
     b = pack(tiny[0], r, sharing, share_prompts=True)
     assert b.inputs["input_ids"].shape[1] == sum(len(s.ids) for s in sharing) - 3 * prompt - shares[6].shared
     assert b.inputs["image_grid_thw"].shape[0] == 2 + 2 + 1 + 1  # each prompt's frames once, the others' own

@@ -172,6 +172,12 @@ def _too_long(count: int, budget: int, exact: bool = False) -> RequestRejected:
     return RequestRejected(f"the prompt is {size}, over the limit of {tokens(max(budget, 0))} for the prompt")
 
 
+def same_image(a: np.ndarray, b: np.ndarray) -> bool:
+    """Two frames are the same picture: by content (the same array, a shared overview, at once).
+    Placeholder ids do not tell frames apart; whatever reuses work done for one frame asks this."""
+    return a is b or (a.shape == b.shape and a.dtype == b.dtype and bool(np.array_equal(a, b)))
+
+
 def _check_image(image) -> None:
     if not isinstance(image, np.ndarray) or image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
         desc = f"{type(image).__name__} {getattr(image, 'shape', '')} {getattr(image, 'dtype', '')}".strip()

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from paravt.backends.static_decode import cache_kwarg
-from paravt.chat import Renderer
+from paravt.chat import Renderer, same_image
 from paravt.policy import model_inputs
 
 MIN_SHARED = 32  # a shorter common prefix is not worth a second forward pass
@@ -56,8 +56,7 @@ def first_alike(rows: list[list[int]], images: list[list[np.ndarray]]) -> list[i
     for i, (ids, frames) in enumerate(zip(rows, images)):
         alike = seen.setdefault(tuple(ids), [])
         match = next((j for j in alike if len(images[j]) == len(frames) and all(
-            a is b or (a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b))
-            for a, b in zip(images[j], frames))), None)
+            same_image(a, b) for a, b in zip(images[j], frames))), None)
         if match is None:
             alike.append(i)
         first.append(i if match is None else match)

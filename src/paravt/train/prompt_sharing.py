@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from paravt.chat import same_image
+
 if TYPE_CHECKING:
     from paravt.chat import Renderer
     from paravt.train.sequences import TrainSequence
@@ -43,9 +45,10 @@ class Share:
 
     root: int = -1
     shared: int = 0
+    images: int = 0  # the root's frames among those tokens, which this sequence's pass does not hold again
 
 
-def _image_runs(seq: "TrainSequence", renderer: "Renderer") -> list[tuple[int, int]]:
+def image_runs(seq: "TrainSequence", renderer: "Renderer") -> list[tuple[int, int]]:
     """[start, end) of each image's placeholder tokens in `seq.ids`, in the images' order."""
     pads = np.flatnonzero(np.asarray(seq.ids) == renderer.image_pad)
     runs, i = [], 0
@@ -56,10 +59,6 @@ def _image_runs(seq: "TrainSequence", renderer: "Renderer") -> list[tuple[int, i
         runs.append((int(pads[i]), int(pads[i + n - 1]) + 1))
         i += n
     return runs
-
-
-def _same_image(a: np.ndarray, b: np.ndarray) -> bool:
-    return a is b or (a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b))
 
 
 def shared_length(root: "TrainSequence", root_runs: list[tuple[int, int]], seq: "TrainSequence",
@@ -75,7 +74,7 @@ def shared_length(root: "TrainSequence", root_runs: list[tuple[int, int]], seq: 
         if start >= s:
             break
         if end > s or j >= len(root_runs) or root_runs[j] != (start, end) \
-                or not _same_image(root.images[j], seq.images[j]):
+                or not same_image(root.images[j], seq.images[j]):
             return start
     return s
 
@@ -89,14 +88,14 @@ def best_root(seq: "TrainSequence", runs: list[tuple[int, int]], roots: list[int
     for r in roots:
         s = shared_length(seqs[r], all_runs[r], seq, runs)
         if s >= min_shared and s > best.shared:
-            best = Share(r, s)
+            best = Share(r, s, shared_images(runs, s))
     return best
 
 
 def plan(seqs: list["TrainSequence"], renderer: "Renderer", min_shared: int | None = None) -> list[Share]:
     """Each sequence's layout in the pack: a continuation of the earlier root it shares the most
     with (at least `min_shared` tokens, default MIN_SHARED), else a root of its own."""
-    runs = [_image_runs(s, renderer) for s in seqs]
+    runs = [image_runs(s, renderer) for s in seqs]
     roots: list[int] = []
     out: list[Share] = []
     for i, seq in enumerate(seqs):
@@ -105,32 +104,6 @@ def plan(seqs: list["TrainSequence"], renderer: "Renderer", min_shared: int | No
             roots.append(i)
         out.append(best)
     return out
-
-
-def pack_groups(seqs: list["TrainSequence"], token_budget: int, renderer: "Renderer") -> list[list["TrainSequence"]]:
-    """`train.sequences.pack_groups` counting what a pass computes: a sequence costs its length
-    less the prompt it shares with a root already in the pass (as `plan` will lay the pass out:
-    the same roots, in the same order). First fit, longest first."""
-    order = sorted(seqs, key=lambda s: -len(s.ids))
-    runs = [_image_runs(s, renderer) for s in order]
-    groups: list[list[int]] = []
-    roots: list[list[int]] = []
-    room: list[int] = []
-    for i, seq in enumerate(order):
-        for g in range(len(groups)):
-            share = best_root(seq, runs[i], roots[g], order, runs)
-            cost = len(seq.ids) - share.shared
-            if cost <= room[g]:
-                groups[g].append(i)
-                room[g] -= cost
-                if share.root < 0:
-                    roots[g].append(i)
-                break
-        else:
-            groups.append([i])
-            roots.append([i])
-            room.append(token_budget - len(seq.ids))
-    return [[order[i] for i in g] for g in groups]
 
 
 def layout_order(shares: list[Share]) -> list[int]:

@@ -299,26 +299,32 @@ def pack_groups(seqs: list[TrainSequence], token_budget: int, share_with: "Rende
                 ) -> list[list[TrainSequence]]:
     """Sequences in groups of at most `token_budget` tokens (first-fit over lengths, longest
     first: few, full forward passes); a sequence longer than the budget is a group of its own.
-    `share_with` (the renderer; passes that share prompts, `pack(share_prompts=True)`): a prompt a
-    pass holds once counts once (train.prompt_sharing.pack_groups)."""
+    `share_with` (the renderer; passes that share prompts, `pack(share_prompts=True)`): a sequence
+    costs its length less the prompt it shares with a root already in the group, as
+    `prompt_sharing.plan` will lay the pass out (the same roots, in the same order)."""
+    from paravt.train import prompt_sharing as ps
+
     if token_budget < 1:
         raise ValueError(f"token_budget must be >= 1, got {token_budget}")
-    if share_with is not None:
-        from paravt.train.prompt_sharing import pack_groups as sharing_groups
-
-        return sharing_groups(seqs, token_budget, share_with)
-    groups: list[list[TrainSequence]] = []
+    order = sorted(seqs, key=lambda s: -len(s.ids))
+    runs = [ps.image_runs(s, share_with) for s in order] if share_with is not None else None
+    groups: list[list[int]] = []
+    roots: list[list[int]] = []  # each group's roots (with sharing)
     room: list[int] = []
-    for s in sorted(seqs, key=lambda s: -len(s.ids)):
-        n = len(s.ids)
-        i = next((j for j, r in enumerate(room) if r >= n), None)
-        if i is None:
-            groups.append([s])
-            room.append(token_budget - n)
+    for i, s in enumerate(order):
+        for g in range(len(groups)):
+            share = ps.best_root(s, runs[i], roots[g], order, runs) if runs is not None else ps.Share()
+            if len(s.ids) - share.shared <= room[g]:
+                groups[g].append(i)
+                room[g] -= len(s.ids) - share.shared
+                if share.root < 0:
+                    roots[g].append(i)
+                break
         else:
-            groups[i].append(s)
-            room[i] -= n
-    return groups
+            groups.append([i])
+            roots.append([i])
+            room.append(token_budget - len(s.ids))
+    return [[order[i] for i in g] for g in groups]
 
 
 def plan_micro_batches(seqs: list[TrainSequence], packing: bool, micro_batch_size: int,
@@ -360,8 +366,7 @@ def pack(base_model, renderer: "Renderer", seqs: list[TrainSequence], device=Non
     shares = ps.plan(seqs, renderer) if share_prompts and len(seqs) > 1 else [ps.Share()] * len(seqs)
     offset, start, pieces, grids = 0, {}, [], {}
     for c, i in enumerate(ps.layout_order(shares)):  # each root whole, then its continuations' own tokens
-        s, cut = seqs[i], shares[i].shared
-        skip = ps.shared_images(ps._image_runs(s, renderer), cut) if cut else 0
+        s, cut, skip = seqs[i], shares[i].shared, shares[i].images
         pixels = None
         if skip:  # the root's frames are in the pass already: only their grid, for this sequence's positions
             own = renderer.pixel_inputs(s.images[skip:])
