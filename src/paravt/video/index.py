@@ -215,7 +215,7 @@ def _scan_pts(source: Source, c, s) -> _Scan:
     but fails only if no packet came before it; a network failure always fails."""
     scan, recent = _Scan(), deque(maxlen=512)
     try:
-        for packet in c.demux(s):
+        for packet in source.packets(c, s):
             if packet.pts is not None:
                 t = float(packet.pts * s.time_base)
                 scan.last = t if scan.last is None else max(scan.last, t)
@@ -274,7 +274,7 @@ def _jumps_between(source: Source, c, s, a: float, b: float, limit: float) -> li
         return []
     tb, times = float(s.time_base), []
     try:
-        for packet in c.demux(s):
+        for packet in source.packets(c, s):
             if packet.pts is None:
                 continue
             times.append(float(packet.pts * tb))

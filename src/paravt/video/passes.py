@@ -105,7 +105,7 @@ class ForwardPass:
         while True:
             before = self.frontier
             self.last_dts = self.byte_end = None
-            for packet in _demux(self.c, self.source.failed_network):
+            for packet in _demux(self.source, self.c):
                 # packet.stream, not stream_index: PyAV's end-of-stream packets all say stream 0
                 if packet is not None and packet.stream.index != self.index:
                     self._follow_bytes(packet)
@@ -349,17 +349,17 @@ class ForwardPass:
         self._spoiled(t)
 
 
-def _demux(c, fatal=lambda e: None) -> Iterator:
+def _demux(source: Source, c) -> Iterator:
     """Packets of every stream (their byte positions show what a demuxer skipped); None marks a
     demux error (bytes lost there), after which demuxing goes on (a few times: a demuxer that
-    keeps failing has nothing left to give). Where `fatal(error)` gives an exception (the
-    network failed, not the data), that is raised instead."""
+    keeps failing has nothing left to give). Where the error is the network failing (or a URL's
+    read budget spent), not the data, that is raised instead."""
     for _ in range(16):
         try:
-            yield from c.demux()
+            yield from source.packets(c)
             return
         except Exception as e:
-            if (err := fatal(e)) is not None:
+            if (err := source.failed_network(e)) is not None:
                 raise err from None
             yield None
 
