@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from paravt.video.errors import VideoError
 
 NET_MAX_BYTES = 2 << 30  # bytes one operation on a URL may demux (a 10 s crop of 4K at 100 Mbit/s is ~125 MB)
+clock = time.monotonic  # the budgets' clock (a test's to replace)
 _TOTAL = re.compile(r"^\s*bytes\s+\d+-\d+/(\d+)\s*$", re.I)
 _FFMPEG_4XX = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found"}
 
@@ -84,16 +85,16 @@ class Budget:
     max_bytes: int
     seconds: float
     spent: int = 0
-    deadline: float = 0.0  # time.monotonic()
+    deadline: float = 0.0  # on `clock`
 
     @classmethod
     def start(cls, url: str, seconds: float, max_bytes: int | None = None) -> "Budget":
-        return cls(url, NET_MAX_BYTES if max_bytes is None else max_bytes, seconds, 0, time.monotonic() + seconds)
+        return cls(url, NET_MAX_BYTES if max_bytes is None else max_bytes, seconds, 0, clock() + seconds)
 
     def spend(self, n: int) -> None:
         self.spent += n
         if self.spent > self.max_bytes:
             raise VideoError(f"{self.url}: cannot read (one read would take more than "
                              f"{self.max_bytes / 2**20:g} MB of it; download the file)")
-        if time.monotonic() > self.deadline:
+        if clock() > self.deadline:
             raise VideoError(f"{self.url}: cannot read (one read took more than {self.seconds:g} s)")

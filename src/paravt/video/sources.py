@@ -114,20 +114,9 @@ class Source:
 
     def open(self):
         """A PyAV container with a video stream, its decoder threads set; else a VideoError."""
-        import av
-
-        opts = {"format_whitelist": FORMAT_WHITELIST}
         cap = {"max_pixels": str(self.max_video_pixels)}  # the decoders' bound, from the probe's on
         try:
-            if self.remote:
-                # FFmpeg's own socket deadline (connect and each read: "Connection timed out") and
-                # PyAV's interrupt, which also ends a read that trickles (data, but too slowly)
-                us = str(min(int(self.timeout_s * 1e6), 2**31 - 1))
-                container = av.open(self.path, mode="r", timeout=self.timeout_s, options=cap,
-                                    container_options={**opts, "timeout": us, "protocol_whitelist": URL_PROTOCOLS})
-            else:
-                container = av.open(self.acquire().for_ffmpeg(), mode="r", options=cap,
-                                    container_options={**opts, "protocol_whitelist": FILE_PROTOCOLS})
+            container = self._av_open(cap)
         except Exception as e:  # av.error.* (InvalidDataError, ...), OSError
             if self.network_failure(e):
                 raise self.network_error(e) from None
@@ -143,20 +132,52 @@ class Source:
                 if len(candidates(container)) > 1:  # packets were read to choose: start afresh
                     container.close()
                     return self.open()
-        stream = self.stream(container)
-        if stream is None:
+        try:
+            stream = self._checked_stream(container)
+        except VideoError:
             container.close()
-            raise VideoError(f"{self.path}: has no video stream (audio-only, audio with cover art, or data file)")
-        w, h = stream.codec_context.width or 0, stream.codec_context.height or 0
-        if w * h > self.max_video_pixels:
-            container.close()
-            raise VideoError(f"{self.path}: its frames are {w}x{h}, over the {self.max_video_pixels / 1e6:.1f} million "
-                             f"pixels a frame may have (one decoded would take {w * h * 1.5 / 2**20:.0f} MB): make a "
-                             "smaller copy first (ffmpeg -i IN -vf scale=-2:2160 OUT.mp4)")
+            raise
         stream.thread_type = "AUTO"
         stream.codec_context.thread_count = self.decoder_threads
         stream.codec_context.options = {**(stream.codec_context.options or {}), **cap}
         return container
+
+    def _av_open(self, options: dict):
+        """av.open of the URL, or of the checked descriptor: single-file formats, our protocols only."""
+        import av
+
+        opts = {"format_whitelist": FORMAT_WHITELIST}
+        if not self.remote:
+            return av.open(self.acquire().for_ffmpeg(), mode="r", options=options,
+                           container_options={**opts, "protocol_whitelist": FILE_PROTOCOLS})
+        # FFmpeg's own socket deadline (connect and each read: "Connection timed out") and PyAV's
+        # interrupt, which also ends a read that trickles (data, but too slowly)
+        us = str(min(int(self.timeout_s * 1e6), 2**31 - 1))
+        return av.open(self.path, mode="r", timeout=self.timeout_s, options=options,
+                       container_options={**opts, "timeout": us, "protocol_whitelist": URL_PROTOCOLS})
+
+    def _checked_stream(self, container):
+        """The chosen stream, if it is there and its frames are within max_video_pixels."""
+        stream = self.stream(container)
+        if stream is None:
+            raise VideoError(f"{self.path}: has no video stream (audio-only, audio with cover art, or data file)")
+        w, h = stream.codec_context.width or 0, stream.codec_context.height or 0
+        if not w * h:  # a decoder that met a frame over the bound leaves the size unset: read it undecoded
+            w, h = self._stated_size()
+        if w * h > self.max_video_pixels:
+            raise VideoError(f"{self.path}: its frames are {w}x{h}, over the {self.max_video_pixels / 1e6:.1f} million "
+                             f"pixels a frame may have (one decoded would take {w * h * 1.5 / 2**20:.0f} MB): make a "
+                             "smaller copy first (ffmpeg -i IN -vf scale=-2:2160 OUT.mp4)")
+        return stream
+
+    def _stated_size(self) -> tuple[int, int]:
+        """The chosen stream's frame size as the container and parser state it, nothing decoded."""
+        try:
+            with self._av_open({"skip_frame": "all"}) as c:
+                s = self.stream(c)
+                return (s.codec_context.width or 0, s.codec_context.height or 0) if s is not None else (0, 0)
+        except Exception:
+            return 0, 0
 
     def stream(self, container):
         """The video stream read in `container` (the one chosen on the first open), or None."""
