@@ -214,13 +214,13 @@ class VideoReader:
             if not (0 <= t <= d + 1e-6) or math.isnan(t):
                 raise VideoError(f"{self.path}: time {t:.2f}s is outside the video (0–{d:.2f}s)")
         order = sorted(range(len(timestamps)), key=lambda i: timestamps[i])
-        start = self._index.start
+        zero = self._index.zero  # the file's time zero on the stream clock
         with self._decoding():
-            found = decode_nearest(self._track(), [timestamps[i] + start for i in order], self._image)
+            found = decode_nearest(self._track(), [timestamps[i] + zero for i in order], self._image)
         out: list[Frame | None] = [None] * len(timestamps)
         for j, i in enumerate(order):
             img, t, substituted = found[j]
-            out[i] = Frame(image=img, timestamp=round(t - start, 6), requested=timestamps[i],
+            out[i] = Frame(image=img, timestamp=round(t - zero, 6), requested=timestamps[i],
                            substituted=substituted or self._index.in_jump(timestamps[i]))
         return out  # type: ignore[return-value]
 
@@ -263,7 +263,13 @@ class VideoReader:
 
     def _nothing_recorded(self, start: float, end: float) -> str:
         gap = next(((a, b) for a, b in self._info.gaps if a <= start and end <= b), None)
-        where = f"its timestamps jump from {gap[0]:.2f} s to {gap[1]:.2f} s" if gap else "its timestamps jump there"
+        lead = self._info.start
+        if gap:
+            where = f"its timestamps jump from {gap[0]:.2f} s to {gap[1]:.2f} s"
+        elif end <= lead + 1e-6:
+            where = f"the video starts at {lead:.2f} s on the file's clock: its audio starts first"
+        else:
+            where = "its timestamps jump there"
         return (f"{self.path}: no frames in [{start:g}, {end:g}] s: nothing was recorded there ({where}; "
                 f"recorded: {', '.join(f'{a:.2f}-{b:.2f} s' for a, b in self._index.spans)})")
 
