@@ -64,7 +64,7 @@ def test_avi_with_b_frames_reads_every_frame_at_its_time(tmp_path, codec):
     taken for real: 169 of 250 frames, each 1-2 frames off its content, correct ones flagged damaged
     (XviD: every frame a frame late). ffprobe counts 250; ffmpeg's CLI gives them a steady time (its
     best-effort times start 2 frames late on H.264, 1 on XviD); here frame i is at i / 25 s. Closed
-    GOPs, as x264 and XviD write by default (see docs/video.md on open ones)."""
+    GOPs, as x264 and XviD write by default (open ones: paravt.video.passes.ForwardPass)."""
     video = ffmpeg_video(tmp_path / "bf.avi", codec + ["-g", "50"], n=250, fps=25)
     count = counted(video, "frames")
     r = VideoReader(video)

@@ -85,6 +85,9 @@ class ForwardPass:
     the pts FFmpeg makes up for B-frames are wrong) is timed by output order: packets are known by
     their decode times, and each frame the decoder puts out (in display order) takes the earliest
     of those not yet taken; from a keyframe on, a closed GOP's frames fill exactly its packets' slots.
+    (An open GOP, whose leading B-frames the decoder drops after a seek, is then timed that many
+    frames early for the rest of the read: x264 and XviD write closed GOPs by default, FFmpeg's own
+    MPEG-4 encoder open ones unless -flags +cgop; ffmpeg's CLI is a frame late on those too.)
     origin: the time sought (stream clock). key_by: end at once if packets pass this time
     before any keyframe: the seek landed too late (see decode.land).
     on_decoded: called for each frame the decoder puts out (the reader's frames_decoded counter).

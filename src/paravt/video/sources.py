@@ -54,10 +54,10 @@ class Source:
     max_video_pixels: int = MAX_VIDEO_PIXELS  # a coded frame's pixels at most
     length: int | None = None  # a URL's bytes, as its server stated them
     stream_index: int | None = None  # the video stream read, chosen on the first open
-    _file: OpenedFile | None = field(default=None, repr=False)
-    _identity: tuple | None = field(default=None, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _ops: threading.local = field(default_factory=threading.local, repr=False)
+    _file: OpenedFile | None = field(default=None, repr=False, compare=False)
+    _identity: tuple | None = field(default=None, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    _ops: threading.local = field(default_factory=threading.local, repr=False, compare=False)
 
     @classmethod
     def of(cls, path: str | os.PathLike, timeout_s: float = NET_TIMEOUT_S, decoder_threads: int = 0,
