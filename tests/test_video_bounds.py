@@ -80,6 +80,23 @@ def test_the_bound_is_the_readers_to_set(tmp_path):
         VideoReader(video, max_video_pixels=96 * 64 - 1)
 
 
+def test_frame_threads_are_cut_for_large_frames(tmp_path, monkeypatch):
+    """Each frame thread holds a frame: FFmpeg's automatic count (up to 16) is cut where frames are
+    large (8K: 4 threads); a count given is kept."""
+    from paravt.video import sources
+
+    video = make_test_video(tmp_path / "v.mp4", seconds=1, fps=5)
+
+    def threads(reader):  # what the decoder is opened with (FFmpeg reports the count it resolved after)
+        return reader.source._threads(reader._track().s)
+
+    assert threads(VideoReader(video)) == 0  # small frames: FFmpeg's choice
+    monkeypatch.setattr(sources, "THREAD_FRAME_BYTES", 96 * 64 * 3 // 2 * 3)  # room for three such frames
+    r = VideoReader(video)
+    assert threads(r) == 3 and len(r.overview(5)) == 5
+    assert threads(VideoReader(video, decoder_threads=2)) == 2
+
+
 # ---------- case 7: every read of a URL is bounded ----------
 @contextlib.contextmanager
 def endless_server(ranges: bool):

@@ -207,3 +207,17 @@ def test_resolve_media_is_one_rule(media):
         resolve_media(root, "sub/none.mp4")
     assert not e.value.outside
     assert json.dumps(str(e.value))  # one plain line
+
+
+def test_without_proc_the_descriptor_is_read_through_a_file_object(media, monkeypatch):
+    """Where /proc/self/fd is missing (macOS), FFmpeg reads the checked descriptor through a file object
+    of its own position, and the real path is confirmed by (device, inode)."""
+    from paravt.video import media as M
+
+    monkeypatch.setattr(M, "PROC_FD", media["root"] / "no-proc")
+    with VideoReader(media["video"], media_root=media["root"]) as r:
+        assert isinstance(r.source.acquire().for_ffmpeg(), M.PositionalReader)
+        assert stripes(r.overview(4)) == [2, 7, 12, 17] and stripes(r.crop(1, 3)) == [7, 12]
+    swap_in_link(media["video"], media["outside"] / "secret.mp4")
+    with pytest.raises(MediaRootError, match="outside the media root"):
+        VideoReader(media["video"], media_root=media["root"])

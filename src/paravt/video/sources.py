@@ -34,6 +34,9 @@ _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
 # (their max_pixels), so a 1.5 MB file of 16000x16000 frames costs no gigabytes (one such frame
 # decoded is 384 MB, and frame threads hold several); as serve caps an image's pixels.
 MAX_VIDEO_PIXELS = 8192 * 4320
+# Frame threads each hold a frame being decoded: FFmpeg's automatic count (up to 16) is cut so that
+# they hold at most this many bytes (8K: 4 threads; 4K and below: no cut).
+THREAD_FRAME_BYTES = 256 << 20
 
 
 def is_url(source: object) -> bool:
@@ -138,9 +141,16 @@ class Source:
             container.close()
             raise
         stream.thread_type = "AUTO"
-        stream.codec_context.thread_count = self.decoder_threads
+        stream.codec_context.thread_count = self._threads(stream)
         stream.codec_context.options = {**(stream.codec_context.options or {}), **cap}
         return container
+
+    def _threads(self, stream) -> int:
+        """decoder_threads, where 0 (FFmpeg's choice) is bounded for large frames (THREAD_FRAME_BYTES)."""
+        frame = (stream.codec_context.width or 0) * (stream.codec_context.height or 0) * 3 // 2
+        if self.decoder_threads or frame * 16 <= THREAD_FRAME_BYTES:
+            return self.decoder_threads
+        return max(1, THREAD_FRAME_BYTES // frame)
 
     def _av_open(self, options: dict):
         """av.open of the URL, or of the checked descriptor: single-file formats, our protocols only."""
