@@ -68,7 +68,7 @@ def test_audio_with_cover_art_has_no_video(tmp_path, name, cover):
         VideoReader(p)
 
 
-# ---------- 8. several video streams: the largest, as ffmpeg picks ----------
+# ---------- 8. several video streams: the largest (ffmpeg's CLI takes the flagged default) ----------
 
 @pytest.mark.parametrize("ext,default", [("mkv", None), ("mp4", 1), ("mkv", 1)])
 def test_the_largest_video_stream_is_read(tmp_path, ext, default):

@@ -126,3 +126,33 @@ def test_ask_gives_a_url_its_timeout(site):
     r = CliRunner().invoke(app, ["ask", f"{url}/stall/v.mp4", "What happens?", "--timeout", "1"])
     assert r.exit_code == 2 and "cannot read (no data within 1 s)" in r.output, r.output
     assert time.perf_counter() - t < 20
+
+
+def test_a_server_without_ranges_is_refused_plainly(tmp_path):
+    """Python's own `http.server` ignores Range: seeking back is impossible there. A tiny MKV gave 7 of
+    8 overview frames as the last frame, unflagged; a larger file failed with "Input/output error".
+    Now the URL is refused when opened, saying why."""
+    import subprocess
+    import sys
+    import urllib.request
+
+    make_test_video(tmp_path / "tiny.mkv", seconds=4, fps=10, gop=10)
+    make_test_video(tmp_path / "big.mp4", seconds=60, fps=10, gop=20, frames=noisy_stripe_frame)
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+                              cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(100):  # until it listens
+            try:
+                urllib.request.urlopen(f"{url}/tiny.mkv", timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        for name in ("tiny.mkv", "big.mp4"):
+            with pytest.raises(VideoError) as e:
+                VideoReader(f"{url}/{name}", timeout_s=5)
+            assert str(e.value).startswith(f"{url}/{name}: the server ignores Range requests"), str(e.value)
+    finally:
+        server.terminate()
+        server.wait(10)

@@ -314,3 +314,56 @@ def quadrant_frame(i: int, height: int = 64, width: int = 96) -> np.ndarray:
 def quadrant_means(img: np.ndarray) -> list[int]:
     h, w = img.shape[0] // 2, img.shape[1] // 2
     return [int(round(q.mean() / 32)) for q in (img[:h, :w], img[:h, w:], img[h:, :w], img[h:, w:])]
+
+
+FFMPEG = "/usr/bin/ffmpeg"
+
+
+def need_ffmpeg() -> str:
+    """Debian's ffmpeg, which makes test files the way users' tools make them; the test is skipped
+    (with the reason) where it is not installed."""
+    import os
+    import shutil
+
+    import pytest
+
+    path = FFMPEG if os.access(FFMPEG, os.X_OK) else shutil.which("ffmpeg")
+    if not path:
+        pytest.skip("Debian's ffmpeg is not installed (apt-get install ffmpeg): it makes this test's video")
+    return path
+
+
+def ffmpeg_video(path: str | Path, args: list[str], n: int = 50, fps: int = 25, size: tuple[int, int] = (64, 96),
+                 frames=None, inputs: list[str] | None = None) -> Path:
+    """A video written by ffmpeg's CLI from n stripe frames piped in as raw RGB at `fps` (frame i shows
+    stripe i, or frames(i)): `ffmpeg -f rawvideo ... -i - [INPUTS] ARGS PATH`; the stripes are input 0,
+    `inputs` more of them (e.g. ["-f", "lavfi", "-i", "sine=d=4"])."""
+    import subprocess
+
+    path = Path(path)
+    h, w = size
+    data = b"".join((frames(i) if frames else stripe_frame(i, h, w)).tobytes() for i in range(n))
+    cmd = [need_ffmpeg(), "-v", "error", "-y", "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{w}x{h}",
+           "-r", str(fps), "-i", "-", *(inputs or []), *args, str(path)]
+    r = subprocess.run(cmd, input=data, capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    return path
+
+
+def gray_jpeg(width: int, height: int) -> bytes:
+    """A baseline greyscale JPEG of mid-grey pixels, written out directly (each 8x8 block: DC
+    difference 0, then end-of-block: 3 bits), so a 16000x16000 frame is 1.5 MB made in milliseconds,
+    with no encoder holding the picture."""
+    import struct
+
+    def segment(marker: int, payload: bytes) -> bytes:
+        return struct.pack(">BBH", 0xFF, marker, len(payload) + 2) + payload
+
+    dqt = segment(0xDB, b"\x00" + bytes([1] * 64))
+    sof = segment(0xC0, struct.pack(">BHHB", 8, height, width, 1) + b"\x01\x11\x00")
+    dc = b"\x00" + bytes([0, 1, 5, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0]) + bytes(range(12))  # the standard DC table
+    ac = b"\x10" + bytes([1] + [0] * 15) + b"\x00"  # one AC code: '0', end-of-block
+    sos = segment(0xDA, b"\x01\x01\x00\x00\x3f\x00")
+    blocks = ((width + 7) // 8) * ((height + 7) // 8)
+    data = b"\x00\x00\x00" * (blocks // 8) + (b"\x00" if blocks % 8 else b"")  # DC '00' + EOB '0', 8 in 3 bytes
+    return b"\xff\xd8" + dqt + sof + segment(0xC4, dc + ac) + sos + data + b"\xff\xd9"

@@ -50,7 +50,10 @@ Safety, because the page reads files and runs models:
 - videos are only ever local files: an upload (stored under a private temporary folder, removed at
   exit, the oldest dropped beyond `KEEP_UPLOADS`) or a path under --media-root, resolved with its
   symlinks and refused (403) when it lands outside the root (`..`, absolute paths, links out);
-  without --media-root no server path can be named at all;
+  without --media-root no server path can be named at all. The rule is paravt.video.media's, as
+  `paravt mcp`'s: the episode and its thumbnails open the file once and read the descriptor checked
+  (a link swapped in later is refused), and only single-file videos open (no HLS playlist or concat
+  list naming other files; frames of at most 8192x4320);
 - the model field is trusted input: whoever may use the page may make the server load a local
   checkpoint (safetensors, via transformers) or send the episode's frames to a URL. That is the
   person at the keyboard on loopback; a non-loopback bind without --api-key is warned about. A URL

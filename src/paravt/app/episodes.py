@@ -23,10 +23,12 @@ def sse(name: str, payload: Any) -> bytes:
     return f"event: {name}\ndata: {json.dumps(finite(payload), ensure_ascii=False, default=str)}\n\n".encode()
 
 
-def overview_thumbnails(path: Path, times: list[float], limit: int = THUMBS) -> list[dict]:
+def overview_thumbnails(path: Path, times: list[float], limit: int = THUMBS,
+                        root: Optional[Path] = None) -> list[dict]:
     """The episode view's `thumbnails` ([{t, src, w, h}], src a JPEG data URL) for at most `limit`
     of the overview times: the frames at the times the model saw, cut small by the same reader,
-    as the report's thumbnails are (paravt.report.thumbs)."""
+    as the report's thumbnails are (paravt.report.thumbs). root: the folder the file must lie in, as
+    opened (the media root, or the uploads' folder)."""
     from PIL import Image
 
     from paravt.report.thumbs import JPEG_QUALITY, THUMB_FACTOR, THUMB_PIXELS, pick_times
@@ -35,7 +37,7 @@ def overview_thumbnails(path: Path, times: list[float], limit: int = THUMBS) -> 
     wanted = pick_times(times, limit)
     if not wanted:
         return []
-    with VideoReader(path, max_pixels=THUMB_PIXELS, factor=THUMB_FACTOR, decoder_threads=1) as reader:
+    with VideoReader(path, max_pixels=THUMB_PIXELS, factor=THUMB_FACTOR, decoder_threads=1, media_root=root) as reader:
         frames = reader.frames_at(wanted)
     out = []
     for t, f in zip(wanted, frames):
@@ -53,6 +55,7 @@ class AskRequest:
 
     path: Path  # the local file
     name: str  # what the page shows (the upload's name, the path under the media root)
+    root: Optional[Path]  # the folder it must lie in as opened: the media root, or the uploads' folder
     question: str
     question_type: str
     model: Optional[str]
@@ -69,10 +72,12 @@ def parse_ask(body: Any, uploads: Uploads, settings: AppSettings) -> AskRequest:
     video = body.get("video")
     if isinstance(video, dict) and "upload" in video:
         path, name = uploads.get(video["upload"])
+        root = uploads.folder
     elif isinstance(video, dict) and "media" in video:
         if settings.media_root is None:
             raise AppError(403, "this app has no --media-root: upload the video instead")
         path = resolve_media(settings.media_root, video["media"])
+        root = settings.media_root
         name = path.relative_to(settings.media_root.resolve()).as_posix()
     else:
         raise AppError(400, "choose a video: {\"upload\": ID} or {\"media\": PATH}")
@@ -90,8 +95,15 @@ def parse_ask(body: Any, uploads: Uploads, settings: AppSettings) -> AskRequest:
         cfg = EpisodeConfig(mode=str(body.get("mode") or "parallel"), frames=frames)
     except ValueError as e:
         raise AppError(400, str(e)) from None
-    return AskRequest(path=path, name=name, question=question, question_type=qtype,
+    return AskRequest(path=path, name=name, root=root, question=question, question_type=qtype,
                       model=(model or "").strip() or settings.default_model, config=cfg)
+
+
+def open_reader(req: AskRequest):
+    """The request's video opened, held to its folder as opened (VideoReader's media_root)."""
+    from paravt.video import VideoReader
+
+    return VideoReader(req.path, timeout_s=req.config.model_timeout_s, media_root=req.root)
 
 
 def readable(message: str, path: Path, name: str) -> str:
@@ -114,7 +126,8 @@ async def run_ask(req: AskRequest, models: Models, emit: Callable[[str, Any], No
 
     async def cut_thumbnails(times: list[float]) -> None:
         try:
-            emit("thumbnails", {"thumbnails": await asyncio.to_thread(overview_thumbnails, req.path, times)})
+            shots = await asyncio.to_thread(overview_thumbnails, req.path, times, THUMBS, req.root)
+            emit("thumbnails", {"thumbnails": shots})
         except Exception as e:  # noqa: BLE001 - the episode goes on without pictures
             emit("thumbnails", {"thumbnails": [], "error": readable(str(e), req.path, req.name)})
 
@@ -123,14 +136,18 @@ async def run_ask(req: AskRequest, models: Models, emit: Callable[[str, Any], No
         if name == "overview":
             thumbs.append(asyncio.get_running_loop().create_task(cut_thumbnails(list(payload["times"]))))
 
+    reader = None
     try:
-        ep = await run_episode(backend, req.path, req.question, req.config, question_type=req.question_type,
+        reader = await asyncio.to_thread(open_reader, req)
+        ep = await run_episode(backend, reader, req.question, req.config, question_type=req.question_type,
                                on_event=on_event)
         if thumbs:
             await thumbs[0]
     finally:
         for t in thumbs:
             t.cancel()
+        if reader is not None:
+            reader.close()  # safe with a decode still running: the reader closes after it
         if owned:
             await backend.aclose()
     trace = ep.to_dict(tokens=False)

@@ -10,21 +10,19 @@ from paravt.app.settings import KEEP_UPLOADS, MAX_MEDIA_FILES, VIDEO_SUFFIXES, A
 
 
 def resolve_media(root: Path, rel: str) -> Path:
-    """The file `rel` names under `root`, symlinks resolved. Refused (403) when it is absolute,
-    climbs with `..`, or resolves outside the root (a link out); 404 when there is no such file.
-    The page only ever sends what /api/media listed, but the check is here, on the server."""
-    if not isinstance(rel, str) or not rel.strip() or "\x00" in rel:
-        raise AppError(400, "no media path given")
-    parts = Path(rel.replace("\\", "/")).parts
-    if Path(rel).is_absolute() or rel.startswith(("/", "\\")) or ".." in parts:
-        raise AppError(403, f"{rel!r} is outside the media root")
-    base = root.resolve()
-    path = (base / rel).resolve()
-    if not path.is_relative_to(base):
-        raise AppError(403, f"{rel!r} is outside the media root")
-    if not path.is_file():
-        raise AppError(404, f"no video file {rel!r} under the media root")
-    return path
+    """The file `rel` names under `root`, symlinks resolved: paravt.video.media's rule, as an
+    AppError (403 outside the root: absolute, `..`, a link out; 404 no such file; 400 no path).
+    The page only ever sends what /api/media listed, but the check is here, on the server; the
+    episode then opens the file with the root held (VideoReader's media_root), so a link swapped in
+    after this check is refused too."""
+    from paravt.video.media import MediaRootError
+    from paravt.video.media import resolve_media as resolve
+
+    try:
+        return resolve(root, rel)
+    except MediaRootError as e:
+        status = 403 if e.outside else 400 if str(e) == "no media path given" else 404
+        raise AppError(status, str(e)) from None
 
 
 def list_media(root: Path, limit: int = MAX_MEDIA_FILES) -> tuple[list[str], bool]:

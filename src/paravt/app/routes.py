@@ -14,7 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Optional
 
-from paravt.app.episodes import readable, parse_ask, stream_episode
+from paravt.app.episodes import open_reader, parse_ask, readable, stream_episode
 from paravt.app.media import Uploads, safe_name, list_media
 from paravt.app.models import Models, default_backend_factory
 from paravt.webguard import refusal
@@ -204,7 +204,7 @@ async def upload_video(state: AppState, request, name: str):
         if size == 0:
             raise AppError(400, "the upload is empty")
         try:
-            reader = await asyncio.to_thread(VideoReader, path)
+            reader = await asyncio.to_thread(VideoReader, path, media_root=state.uploads.folder)
             duration = reader.duration
             reader.close()
         except VideoError as e:
@@ -223,7 +223,7 @@ async def ask_episode(state: AppState, request):
     from fastapi.responses import StreamingResponse
     from starlette.background import BackgroundTask
 
-    from paravt.video import VideoError, VideoReader
+    from paravt.video import VideoError
 
     settings, running = state.settings, state.running
     if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
@@ -239,7 +239,7 @@ async def ask_episode(state: AppState, request):
         return error(400, "the body is not valid JSON")
     req = parse_ask(body, state.uploads, settings)
     try:  # a bad file fails here, as a plain 400, before any model is loaded
-        (await asyncio.to_thread(VideoReader, req.path)).close()
+        (await asyncio.to_thread(open_reader, req)).close()
     except VideoError as e:
         return error(400, f"{req.name} is not a video paravt can read: {readable(str(e), req.path, req.name)}")
     if running["n"] >= settings.max_episodes:

@@ -62,7 +62,7 @@ def decode_nearest(track: Track, wanted: list[float], image: Image) -> list[tupl
         while i < n:
             frames, first = land(track, wanted[i], losses)
             if first is None:
-                raise VideoError(f"{track.source.path}: no frame decodable near {wanted[i] - track.index.start:.2f}s")
+                raise VideoError(f"{track.source.path}: no frame decodable near {wanted[i] - track.index.zero:.2f}s")
             pick = _Picker(image, losses)
             prev = None  # (frame, t) of the last frame before the current one
             resolved = False  # a seek is followed by another only after it served a target
@@ -93,11 +93,11 @@ def decode_nearest(track: Track, wanted: list[float], image: Image) -> list[tupl
 def every_frame(track: Track, image: Image) -> list[Frame]:
     """Every decodable frame once, in time order: one pass from the start."""
     out = []
-    start = track.index.start
+    index = track.index
     try:
         rewind(track.source, track.c, track.s)
-        for frame, t in track.clean_frames(Losses(), start):
-            out.append(Frame(image=image(frame), timestamp=round(t - start, 6)))
+        for frame, t in track.clean_frames(Losses(), index.start):
+            out.append(Frame(image=image(frame), timestamp=round(t - index.zero, 6)))
     except VideoError:
         raise
     except Exception as e:
@@ -114,6 +114,7 @@ def land(track: Track, target: float, losses: Losses) -> tuple[Iterator, tuple |
     not be after the target, else an earlier seek is tried, down to the file's start (whose
     first decodable frame is taken as it is). Returns the frames after the first, and the first."""
     for seek_t in seek_points(track, target):
+        snap = losses.snapshot()
         if seek_t is None:
             rewind(track.source, track.c, track.s)
             frames = track.clean_frames(losses, track.index.start)
@@ -125,6 +126,7 @@ def land(track: Track, target: float, losses: Losses) -> tuple[Iterator, tuple |
         if seek_t is None or (first is not None and first[1] <= target + EPS):
             return frames, first
         frames.close()
+        losses.restore(snap)  # what this landing missed was not lost: the earlier one decodes it
     raise AssertionError("unreachable: seek_points ends with the rewind")
 
 

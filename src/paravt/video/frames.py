@@ -15,6 +15,7 @@ class VideoInfo:
     width: int  # as displayed (after the sample aspect ratio and the rotation of a display matrix)
     height: int
     gaps: list[tuple[float, float]] = field(default_factory=list)  # (from, to) s: timestamp jumps, nothing recorded
+    start: float = 0.0  # s; the first frame's time: times are the file's clock, which its audio may start
 
 
 @dataclass

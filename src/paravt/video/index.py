@@ -3,7 +3,17 @@ timeline it measures: start, end, frame rate, the demuxer's keyframe index, and 
 timestamps.
 
 Timestamps come from pts * time_base, never index / fps, so variable-frame-rate files
-return the frames nearest the requested times.
+return the frames nearest the requested times. They are on the file's clock, as players and
+ffmpeg's CLI count time: zero is the earliest start of its video and audio streams, so where the
+audio starts before the video (an MP4 muxed with -itsoffset) the first frame is at that lead, the
+time before it holds no frame (sampled around, flagged when asked for), and subtitles, timed on
+that clock, fall on the frames they belong to.
+
+The frame count: a count the container states per frame (MP4's sample table, less what an edit
+list discards), else every packet counted when a small local file is demuxed whole (MKV, WebM and
+MPEG-TS state none; variable frame rates make duration x fps wrong), else an estimate from the
+rate of the last 10 s. A stated duration the packets contradict (a truncated file, an AVI header
+cut short) gives way to the measured one, and a stated count to what is there.
 
 Timestamps that jump (a camera clock reset, files joined without re-timing: pts leaping by
 hours mid-file) leave spans where nothing was recorded. The nearest frame to a time in such a
@@ -37,6 +47,7 @@ from paravt.video.sources import Source
 REWIND = 1000.0  # s before the first timestamp: a seek there lands on the file's first packet
 JUMP_S = 60.0  # s; a step between consecutive frames over this, and over JUMP_FRAMES typical
 JUMP_FRAMES = 100  # frame steps, is a jump of the timestamps, not a long still (VFR) frame
+COUNT_BYTES = 64 << 20  # a local file this small, stating no frame count, is demuxed whole to count them (~60 ms)
 
 
 # ---------- seeking: the demuxer's two moves ----------
@@ -90,8 +101,10 @@ class StreamIndex:
     start: float  # the stream's first timestamp
     last_pts: float  # the latest packet time
     frame_dur: float  # 1 / fps
-    spans: list[tuple[float, float]] | None  # video clock: the parts that hold frames
+    spans: list[tuple[float, float]] | None  # file clock: the parts that hold frames (None: all of it)
     timeless: bool = False  # no packet has a time: frames are numbered from the start (raw H.264)
+    reordered: bool = False  # packets hold decode-order times only (AVI): frames are timed as they come out
+    zero: float = 0.0  # the file's time zero on the stream clock (<= start: its audio may start first)
 
     def keyframe_before(self, s, target: float) -> float | None:
         """Time (stream clock) of the keyframe a backward seek to `target` lands on, from the
@@ -127,11 +140,12 @@ class StreamIndex:
             step *= 1.5
 
     def in_jump(self, t: float) -> bool:
-        """Whether `t` (video clock) lies where the timestamps jump and nothing was recorded."""
+        """Whether `t` (file clock) lies where nothing was recorded: a jump of the timestamps, or
+        before the video's first frame."""
         return self.spans is not None and not any(a - EPS <= t <= b + EPS for a, b in self.spans)
 
     def recorded(self, start: float, end: float) -> list[tuple[float, float]]:
-        """The parts of [start, end] (video clock) that hold frames."""
+        """The parts of [start, end] (file clock) that hold frames."""
         if self.spans is None:
             return [(start, end)]
         return [(max(a, start), min(b, end)) for a, b in self.spans if min(b, end) > max(a, start)]
@@ -147,6 +161,7 @@ def probe(source: Source, c, s) -> tuple[StreamIndex, VideoInfo]:
     resync = "bytes" if "matroska" in fmt else "dts" if fmt in ("mpegts", "mpeg") else None
     size = source.size(c)
     cut = fmt == "mpegts" and all(size % n for n in (188, 192, 204))  # ends inside a TS packet
+    reordered = fmt == "avi"  # AVI stores decode order and no presentation times (see passes.ForwardPass)
     fps = float(s.average_rate or s.guessed_rate or 0) or 0.0
     duration = None
     if s.duration is not None and s.time_base is not None:
@@ -155,73 +170,117 @@ def probe(source: Source, c, s) -> tuple[StreamIndex, VideoInfo]:
         duration = c.duration / 1_000_000
     start = float(s.start_time * s.time_base) if s.start_time is not None and s.time_base else 0.0
     num_frames = int(s.frames or 0)
-    # Demux packet timestamps (cheap, no decoding) to check the file holds frames and
-    # that its stated duration is real: a truncated file states more than it has.
-    # Only the tail is read when a duration is stated (a long file is not scanned whole).
-    scan = _Scan()
-    for scan_from in ([max(duration - 10.0, 0.0), None] if duration else [None]):
-        if scan_from is not None:
-            if not seek(source, c, s, scan_from + start):
-                continue
-        elif duration:
-            rewind(source, c, s)
-        scan = _scan_pts(source, c, s)
-        if scan.count:
-            break
+    shown = _shown_samples(s, num_frames)  # MP4 (and indexed AVI): one index entry a frame
+    # Demux packet timestamps (cheap, no decoding) to check the file holds frames and that its
+    # stated duration is real: a truncated file states more than it has (and an AVI header may
+    # state less). Only the tail is read when a duration is stated, unless the frames must be counted
+    # (no count stated) and the file is small: then it is read whole, and the count is exact.
+    whole = shown is None and not source.remote and size <= COUNT_BYTES
+    scan, exact = _measure(source, c, s, None if whole else duration, start, reordered)
     timeless = scan.count == 0 and scan.untimed > 0  # the file was scanned whole: no packet has a time
     if timeless:
         fps, start = _untimed_rate(scan, s), 0.0
-        scan.count, scan.last = scan.untimed, (scan.untimed - 1) / fps
-    last_pts, count, tail = scan.last, scan.count, scan.recent
-    if count == 0:
+        scan.count, scan.last, scan.first = scan.untimed, (scan.untimed - 1) / fps, 0.0
+    if scan.count == 0:
         raise VideoError(f"{source.path}: video stream holds no frames (truncated or empty)")
-    step = _median_step(tail, s.time_base) or (1.0 / fps if fps > 0 else 0.0)
+    step = _median_step(scan.recent, s.time_base) or (1.0 / fps if fps > 0 else 0.0)
     jumps = _find_jumps(source, c, s, step) if step > 0 and indexed else []
     if jumps:  # a mean rate over the stated span counts the jumps' empty hours: the typical step instead
         fps = 1.0 / step
     frame_dur = 1.0 / fps if fps > 0 else 0.0
-    measured = last_pts - start + frame_dur
-    truncated = duration is None or duration <= 0 or measured < duration - 2 * frame_dur
-    if truncated:
+    measured = scan.last - start + frame_dur
+    changed = duration is None or duration <= 0 or abs(measured - duration) > 2 * frame_dur
+    if changed:
         duration = measured
-    spans = _recorded_spans(jumps, start, step, duration) if jumps else None
+    zero = 0.0 if timeless else _file_start(c, s, start)
+    lead = start - zero  # the video's first frame on the file's clock (its audio may start first)
+    spans = _recorded_spans(jumps, zero, lead if lead > frame_dur + EPS else 0.0, step, lead + duration)
     recorded = sum(b - a for a, b in spans) if spans else duration
-    if truncated and fps > 0 and num_frames:  # a count stated for the whole file: cut to what is there
-        num_frames = min(num_frames, int(round(recorded * fps)))
+    if exact:
+        num_frames = scan.count
+    else:
+        num_frames = shown if shown is not None else num_frames
+        if not num_frames and not jumps and scan.last > scan.first + 1.0:  # the tail's own rate (VFR)
+            num_frames = int(round(recorded * (scan.count - 1) / (scan.last - scan.first)))
+        if changed and fps > 0 and num_frames:  # a count stated for the whole file: cut to what is there
+            num_frames = min(num_frames, int(round(recorded * fps)))
     if fps <= 0:
         fps = 25.0  # unknown rate: timestamps still come from pts, fps only sets the crop gap
-    index = StreamIndex(indexed=indexed, resync=resync, cut=cut, start=start, last_pts=last_pts,
-                        frame_dur=1.0 / fps, spans=spans, timeless=timeless)
+    index = StreamIndex(indexed=indexed, resync=resync, cut=cut, start=start, last_pts=scan.last,
+                        frame_dur=1.0 / fps, spans=spans, timeless=timeless, reordered=reordered, zero=zero)
     gaps = [(a, b) for (_, a), (b, _) in zip(spans, spans[1:])] if spans else []
-    info = VideoInfo(duration=duration, fps=fps, num_frames=num_frames or int(round(recorded * fps)),
-                     width=s.codec_context.width, height=s.codec_context.height, gaps=gaps)
+    info = VideoInfo(duration=lead + duration, fps=fps, num_frames=num_frames or int(round(recorded * fps)),
+                     width=s.codec_context.width, height=s.codec_context.height, gaps=gaps, start=lead)
     return index, info
+
+
+def _shown_samples(s, stated: int) -> int | None:
+    """Frames shown, where the demuxer's index has one entry per frame (MP4's sample table, an AVI's
+    idx1): the entries not discarded by an edit list (which the decoder drops). None otherwise."""
+    entries = getattr(s, "index_entries", ())
+    if not stated or len(entries) != stated:
+        return None
+    return sum(1 for e in entries if not e.is_discard)
+
+
+def _file_start(c, s, start: float) -> float:
+    """The file's time zero (stream clock): the earliest first timestamp of its video and audio
+    streams, as players and ffmpeg's CLI count time. An audio start more than JUMP_S before the
+    video's is a broken clock, not a lead-in, and is ignored."""
+    zero = start
+    for other in c.streams:
+        if other.type in ("video", "audio") and other.start_time is not None and other.time_base:
+            t = float(other.start_time * other.time_base)
+            if start - JUMP_S <= t < zero:
+                zero = t
+    return zero
+
+
+def _measure(source: Source, c, s, duration: float | None, start: float, by_dts: bool) -> tuple["_Scan", bool]:
+    """The packets' scan: of the last 10 s of a stated duration, else (or if that finds nothing) of
+    the whole stream; and whether it was whole (its count is every frame)."""
+    moved = False  # a fresh container stands at the start
+    for scan_from in ([max(duration - 10.0, 0.0), None] if duration else [None]):
+        if scan_from is not None:
+            if scan_from <= 0 or not seek(source, c, s, scan_from + start):
+                continue
+            moved = True
+        elif moved:
+            rewind(source, c, s)
+        scan = _scan_pts(source, c, s, by_dts)
+        if scan.count or scan_from is None:
+            return scan, scan_from is None
+    return _Scan(), True
 
 
 @dataclass
 class _Scan:
-    """What demuxing to the end found: the latest packet time (stream clock), the count of packets
-    with a time, the last 512 of their pts; packets without a time and the durations they state."""
+    """What demuxing to the end found: the latest and earliest packet time (stream clock), the count
+    of packets with a time, the last 512 of their pts; packets without a time and their durations."""
 
     last: float | None = None
+    first: float | None = None
     count: int = 0
     recent: list[int] = field(default_factory=list)
     untimed: int = 0
     durations: list[int] = field(default_factory=list)
 
 
-def _scan_pts(source: Source, c, s) -> _Scan:
-    """Demux from the current position to the end. A demux error ends the scan (damaged data)
-    but fails only if no packet came before it; a network failure always fails."""
+def _scan_pts(source: Source, c, s, by_dts: bool = False) -> _Scan:
+    """Demux from the current position to the end (packets an edit list discards left out; by_dts:
+    AVI's decode-order times, whose made-up pts say nothing). A demux error ends the scan (damaged
+    data) but fails only if no packet came before it; a network failure always fails."""
     scan, recent = _Scan(), deque(maxlen=512)
     try:
-        for packet in c.demux(s):
-            if packet.pts is not None:
-                t = float(packet.pts * s.time_base)
+        for packet in source.packets(c, s):
+            ts = packet.dts if by_dts else packet.pts
+            if ts is not None and packet.size and not packet.is_discard:
+                t = float(ts * s.time_base)
                 scan.last = t if scan.last is None else max(scan.last, t)
+                scan.first = t if scan.first is None else min(scan.first, t)
                 scan.count += 1
-                recent.append(packet.pts)
-            elif packet.size:
+                recent.append(ts)
+            elif packet.size and ts is None:
                 scan.untimed += 1
                 if len(scan.durations) < 512 and packet.duration:
                     scan.durations.append(packet.duration)
@@ -274,7 +333,7 @@ def _jumps_between(source: Source, c, s, a: float, b: float, limit: float) -> li
         return []
     tb, times = float(s.time_base), []
     try:
-        for packet in c.demux(s):
+        for packet in source.packets(c, s):
             if packet.pts is None:
                 continue
             times.append(float(packet.pts * tb))
@@ -287,14 +346,17 @@ def _jumps_between(source: Source, c, s, a: float, b: float, limit: float) -> li
     return [(x, y) for x, y in zip(times, times[1:]) if y - x > limit]
 
 
-def _recorded_spans(jumps: list[tuple[float, float]], start: float, step: float,
-                    duration: float) -> list[tuple[float, float]]:
-    """The parts of the video clock (0..duration) that hold frames, around timestamp jumps given
-    as (last frame before, first frame after) on the stream clock; the frame before a jump lasts
-    one typical step."""
-    spans, lo = [], 0.0
+def _recorded_spans(jumps: list[tuple[float, float]], zero: float, lead: float, step: float,
+                    end: float) -> list[tuple[float, float]] | None:
+    """The parts of the file's clock (0..end) that hold frames: from `lead` (the video's first frame,
+    when its audio starts well before; else 0), around timestamp jumps given as (last frame before,
+    first frame after) on the stream clock; the frame before a jump lasts one typical step. None
+    when the whole span holds frames."""
+    if not jumps and not lead:
+        return None
+    spans, lo = [], lead
     for a, b in jumps:
-        spans.append((lo, round(a - start + step, 6)))
-        lo = round(b - start, 6)
-    spans.append((lo, duration))
+        spans.append((lo, round(a - zero + step, 6)))
+        lo = round(b - zero, 6)
+    spans.append((lo, end))
     return spans

@@ -44,6 +44,16 @@ class Losses:
         if b > a:
             self.spans.append((a, b))
 
+    def snapshot(self) -> tuple[list[float], int]:
+        return list(self.points), len(self.spans)
+
+    def restore(self, snap: tuple[list[float], int]) -> None:
+        """Forgets what was recorded since `snap`: a pass abandoned (a seek that landed too late)
+        lost nothing; what it could not decode, only because it started past a keyframe, the next
+        try decodes."""
+        self.points[:] = snap[0]
+        del self.spans[snap[1]:]
+
     def nearer(self, target: float, d: float) -> bool:
         """Whether a frame that was lost may lie nearer to `target` than `d` seconds."""
         d -= EPS
@@ -71,6 +81,13 @@ class ForwardPass:
     Matroska demuxer stops at garbage) is resumed by seeking forward past the damage.
     A timeless stream (raw H.264; only read from its start) has no packet times: each frame the
     decoder puts out, or that is lost on the way, takes the next frame time from `origin`.
+    A reordered stream (AVI: packets in decode order, timed by it, and no presentation times, so
+    the pts FFmpeg makes up for B-frames are wrong) is timed by output order: packets are known by
+    their decode times, and each frame the decoder puts out (in display order) takes the earliest
+    of those not yet taken; from a keyframe on, a closed GOP's frames fill exactly its packets' slots.
+    (An open GOP, whose leading B-frames the decoder drops after a seek, is then timed that many
+    frames early for the rest of the read: x264 and XviD write closed GOPs by default, FFmpeg's own
+    MPEG-4 encoder open ones unless -flags +cgop; ffmpeg's CLI is a frame late on those too.)
     origin: the time sought (stream clock). key_by: end at once if packets pass this time
     before any keyframe: the seek landed too late (see decode.land).
     on_decoded: called for each frame the decoder puts out (the reader's frames_decoded counter).
@@ -105,7 +122,7 @@ class ForwardPass:
         while True:
             before = self.frontier
             self.last_dts = self.byte_end = None
-            for packet in _demux(self.c, self.source.failed_network):
+            for packet in _demux(self.source, self.c):
                 # packet.stream, not stream_index: PyAV's end-of-stream packets all say stream 0
                 if packet is not None and packet.stream.index != self.index:
                     self._follow_bytes(packet)
@@ -147,7 +164,8 @@ class ForwardPass:
         if packet.size == 0:  # end-of-stream packet: drain the decoder
             self._end_holes()  # before the last frames come out and resolve requests
             return [] if self.need_key else (_decode(packet) or [])
-        t = packet.pts * self.tb if packet.pts is not None else None
+        ts = packet.dts if self.idx.reordered else packet.pts
+        t = ts * self.tb if ts is not None else None
         self._track(packet, t)
         self.last_pkt = t if t is not None else self.last_pkt
         if self.need_key:
@@ -166,7 +184,8 @@ class ForwardPass:
             self._unfed()
             return []
         if t is not None:
-            self.pending.append(t)
+            if not packet.is_discard:  # an edit list's: decoded as a reference, its frame never comes out
+                self.pending.append(t)
         elif self.idx.timeless:
             self.unnumbered += 1
         frames = _decode(packet)
@@ -223,7 +242,11 @@ class ForwardPass:
     def _accept(self, frames: list) -> Iterator[tuple]:
         """The clean ones of the decoder's output, in time order."""
         for f in frames:
-            if f.pts is not None:
+            if self.idx.reordered:  # the earliest slot not yet filled (a closed GOP fills its own slots)
+                if not self.pending:
+                    continue
+                t = min(self.pending)
+            elif f.pts is not None:
                 t = f.pts * self.tb
             elif self.idx.timeless:
                 t, self.unnumbered = self._number(), max(0, self.unnumbered - 1)
@@ -349,17 +372,17 @@ class ForwardPass:
         self._spoiled(t)
 
 
-def _demux(c, fatal=lambda e: None) -> Iterator:
+def _demux(source: Source, c) -> Iterator:
     """Packets of every stream (their byte positions show what a demuxer skipped); None marks a
     demux error (bytes lost there), after which demuxing goes on (a few times: a demuxer that
-    keeps failing has nothing left to give). Where `fatal(error)` gives an exception (the
-    network failed, not the data), that is raised instead."""
+    keeps failing has nothing left to give). Where the error is the network failing (or a URL's
+    read budget spent), not the data, that is raised instead."""
     for _ in range(16):
         try:
-            yield from c.demux()
+            yield from source.packets(c)
             return
         except Exception as e:
-            if (err := fatal(e)) is not None:
+            if (err := source.failed_network(e)) is not None:
                 raise err from None
             yield None
 

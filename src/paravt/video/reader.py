@@ -33,6 +33,7 @@ before the rotation turns them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import threading
@@ -48,7 +49,7 @@ from paravt.video.index import probe, rewind
 from paravt.video.passes import Losses
 from paravt.video.sampling import (FACTOR, MAX_FRAMES, MAX_PIXELS, MIN_PIXELS, display_size, overview_times,
                                    resize_to_budget, sample_times, share)
-from paravt.video.sources import NET_TIMEOUT_S, Source, video_stream
+from paravt.video.sources import MAX_VIDEO_PIXELS, NET_TIMEOUT_S, Source
 
 
 class VideoReader:
@@ -63,6 +64,8 @@ class VideoReader:
         factor: int = FACTOR,
         decoder_threads: int = 0,
         timeout_s: float = NET_TIMEOUT_S,
+        media_root: str | os.PathLike | None = None,
+        max_video_pixels: int = MAX_VIDEO_PIXELS,
     ) -> None:
         """Opens and probes now, so a bad file (or URL) fails here with a VideoError.
 
@@ -70,9 +73,13 @@ class VideoReader:
         decoder_threads: FFmpeg decoding threads per open decoder (0: FFmpeg picks by core
         count; frame threads cut one crop's latency at about the same CPU); 1 keeps cores
         free when many crops already run side by side on the pool.
-        timeout_s: deadline of each network operation on a URL (connecting, each read).
+        timeout_s: deadline of each network operation on a URL (connecting, each read), and of
+        each operation on it (the probe, an overview, a crop) as a whole.
+        media_root: the file must lie under this folder, as opened (paravt.video.media): a server's
+        promise; every decoder reads the descriptor checked, never the name again.
+        max_video_pixels: frames larger than this are refused (and no decoder allocates one).
         """
-        self.source = Source.of(path, timeout_s, decoder_threads)
+        self.source = Source.of(path, timeout_s, decoder_threads, media_root, max_video_pixels)
         self.max_pixels = max_pixels
         self.min_pixels = min_pixels
         self.factor = factor
@@ -115,14 +122,22 @@ class VideoReader:
     def _track(self) -> Track:
         """This thread's container, ready to read."""
         c = self._container()
-        return Track(self.source, self._index, c, video_stream(c), self._count_decoded)
+        return Track(self.source, self._index, c, self.source.stream(c), self._count_decoded)
 
     def _count_decoded(self) -> None:
         self.frames_decoded += 1
 
     def _probe(self) -> VideoInfo:
+        try:
+            with self.source.operation():
+                return self._probe_info()
+        except BaseException:
+            self.close()
+            raise
+
+    def _probe_info(self) -> VideoInfo:
         c = self._container()
-        s = video_stream(c)
+        s = self.source.stream(c)
         self._index, info = probe(self.source, c, s)
         self._turns = self._probe_rotation()
         self.frames_decoded = 0
@@ -199,17 +214,13 @@ class VideoReader:
             if not (0 <= t <= d + 1e-6) or math.isnan(t):
                 raise VideoError(f"{self.path}: time {t:.2f}s is outside the video (0–{d:.2f}s)")
         order = sorted(range(len(timestamps)), key=lambda i: timestamps[i])
-        start = self._index.start
-        with self._lock:
-            self._active += 1
-        try:
-            found = decode_nearest(self._track(), [timestamps[i] + start for i in order], self._image)
-        finally:
-            self._done_decoding()
+        zero = self._index.zero  # the file's time zero on the stream clock
+        with self._decoding():
+            found = decode_nearest(self._track(), [timestamps[i] + zero for i in order], self._image)
         out: list[Frame | None] = [None] * len(timestamps)
         for j, i in enumerate(order):
             img, t, substituted = found[j]
-            out[i] = Frame(image=img, timestamp=round(t - start, 6), requested=timestamps[i],
+            out[i] = Frame(image=img, timestamp=round(t - zero, 6), requested=timestamps[i],
                            substituted=substituted or self._index.in_jump(timestamps[i]))
         return out  # type: ignore[return-value]
 
@@ -221,7 +232,8 @@ class VideoReader:
         """
         k = self._count(k, "overview k")
         if k >= self._info.num_frames:
-            return every_frame(self._track(), self._image)
+            with self._decoding():
+                return every_frame(self._track(), self._image)
         if self._index.spans is not None:  # timestamps that jump: spread over the recorded time only
             return self.frames_at(share(self._index.spans, k))
         return self.frames_at(overview_times(self._info.duration, k))
@@ -251,7 +263,13 @@ class VideoReader:
 
     def _nothing_recorded(self, start: float, end: float) -> str:
         gap = next(((a, b) for a, b in self._info.gaps if a <= start and end <= b), None)
-        where = f"its timestamps jump from {gap[0]:.2f} s to {gap[1]:.2f} s" if gap else "its timestamps jump there"
+        lead = self._info.start
+        if gap:
+            where = f"its timestamps jump from {gap[0]:.2f} s to {gap[1]:.2f} s"
+        elif end <= lead + 1e-6:
+            where = f"the video starts at {lead:.2f} s on the file's clock: its audio starts first"
+        else:
+            where = "its timestamps jump there"
         return (f"{self.path}: no frames in [{start:g}, {end:g}] s: nothing was recorded there ({where}; "
                 f"recorded: {', '.join(f'{a:.2f}-{b:.2f} s' for a, b in self._index.spans)})")
 
@@ -295,11 +313,20 @@ class VideoReader:
                 return
             self._close_containers()
 
-    def _done_decoding(self) -> None:
+    @contextlib.contextmanager
+    def _decoding(self):
+        """One decode on this thread: counted (close() waits for it), and one operation of the source
+        (a URL's budget of bytes and time)."""
         with self._lock:
-            self._active -= 1
-            if self._closing and not self._active:
-                self._close_containers()
+            self._active += 1
+        try:
+            with self.source.operation():
+                yield
+        finally:
+            with self._lock:
+                self._active -= 1
+                if self._closing and not self._active:
+                    self._close_containers()
 
     def _close_containers(self) -> None:
         """With the lock held and no decode running."""
@@ -311,6 +338,7 @@ class VideoReader:
                 pass
         self._containers.clear()
         self._local = threading.local()
+        self.source.release()
 
     def __enter__(self) -> "VideoReader":
         return self

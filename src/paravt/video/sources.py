@@ -1,47 +1,47 @@
 """Where a video's bytes come from: a local file, or an http(s) URL read through FFmpeg's network
 protocols, which seek with range requests (an MP4's index at the end costs one request, a crop a
 few). Every network operation has a deadline (timeout_s: connect and each read, as a model
-call's); a refused connection, an HTTP error or a deadline is a VideoError naming the URL and the
-cause, never taken for damaged data."""
+call's), and each operation on a URL a budget of bytes and time (paravt.video.net); a refused
+connection, an HTTP error, a server that ignores ranges or a deadline is a VideoError naming the
+URL and the cause, never taken for damaged data.
+
+A local file is opened once and checked on what was opened (paravt.video.media: a regular file,
+under the media root when there is one); FFmpeg reads that descriptor, and opens only single-file
+containers with no protocol but `file` (no playlist or concat list naming other files)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from paravt.video.errors import VideoError
+from paravt.video.media import (FILE_PROTOCOLS, FORMAT_WHITELIST, URL_PROTOCOLS, OpenedFile, open_video_file,
+                                sniff)
+from paravt.video.net import Budget, check_ranges
+from paravt.video.streams import candidates, choose_stream
 
 NET_TIMEOUT_S = 600.0  # s; deadline of one network operation on a URL (EpisodeConfig.model_timeout_s's default)
 URL_SCHEMES = ("http://", "https://")
 NET_ERRNOS = {errno.EIO, errno.ENETDOWN, errno.ENETUNREACH, errno.EHOSTDOWN, errno.EHOSTUNREACH, errno.ECONNABORTED,
               errno.ECONNRESET, errno.ECONNREFUSED, errno.ETIMEDOUT, errno.EPIPE}  # FFmpeg's network failures
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
-DEFAULT, ATTACHED_PIC = 0x1, 0x400  # FFmpeg's AV_DISPOSITION_DEFAULT, AV_DISPOSITION_ATTACHED_PIC
+# Frames larger than DCI 8K are refused when a file is opened: FFmpeg's decoders are held to it
+# (their max_pixels), so a 1.5 MB file of 16000x16000 frames costs no gigabytes (one such frame
+# decoded is 384 MB, and frame threads hold several); as serve caps an image's pixels.
+MAX_VIDEO_PIXELS = 8192 * 4320
+# Frame threads each hold a frame being decoded: FFmpeg's automatic count (up to 16) is cut so that
+# they hold at most this many bytes (8K: 4 threads; 4K and below: no cut).
+THREAD_FRAME_BYTES = 256 << 20
 
 
 def is_url(source: object) -> bool:
     """Whether `source` is a video URL paravt reads over the network (http or https)."""
     return isinstance(source, str) and source.lower().startswith(URL_SCHEMES)
-
-
-def video_stream(container):
-    """The stream to read, chosen as ffmpeg's CLI maps one: the largest frame, never an attached
-    picture (an audio file's cover art is a video stream of one image), None without another.
-    Unlike ffmpeg, the default flag only breaks ties: muxers set it on the first track whatever it
-    holds (MP4's always), so it says less about the best picture than the size does."""
-    best, key = None, None
-    for s in container.streams.video:
-        d = getattr(s, "disposition", 0) or 0
-        flags = int(getattr(d, "value", d))  # PyAV 15's Disposition is an enum.Flag, which int() refuses
-        if flags & ATTACHED_PIC:
-            continue
-        k = ((s.codec_context.width or 0) * (s.codec_context.height or 0), bool(flags & DEFAULT))
-        if key is None or k > key:  # ties: the first
-            best, key = s, k
-    return best
 
 
 @dataclass
@@ -53,59 +53,177 @@ class Source:
     remote: bool
     timeout_s: float
     decoder_threads: int = 0
+    media_root: Path | None = None  # a file must really lie under it (checked on the open descriptor)
+    max_video_pixels: int = MAX_VIDEO_PIXELS  # a coded frame's pixels at most
+    length: int | None = None  # a URL's bytes, as its server stated them
+    stream_index: int | None = None  # the video stream read, chosen on the first open
+    _file: OpenedFile | None = field(default=None, repr=False, compare=False)
+    _identity: tuple | None = field(default=None, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    _ops: threading.local = field(default_factory=threading.local, repr=False, compare=False)
 
     @classmethod
-    def of(cls, path: str | os.PathLike, timeout_s: float = NET_TIMEOUT_S, decoder_threads: int = 0) -> "Source":
-        """The source `path` names, checked: a URL scheme other than http(s), a bad deadline, or a
-        missing, empty or directory file is a VideoError now."""
+    def of(cls, path: str | os.PathLike, timeout_s: float = NET_TIMEOUT_S, decoder_threads: int = 0,
+           media_root: str | os.PathLike | None = None, max_video_pixels: int = MAX_VIDEO_PIXELS) -> "Source":
+        """The source `path` names, checked: a URL scheme other than http(s), a bad deadline, a
+        missing, empty, non-regular or directory file (one outside `media_root`), or a URL whose
+        server fails or ignores ranges is a VideoError now."""
         remote = is_url(path)
         if not remote and isinstance(path, str) and _SCHEME.match(path):
             raise VideoError(f"{path}: only http:// and https:// URLs are read (for an object store, use its "
                              "https URL, e.g. a presigned one)")
         if not timeout_s > 0:
             raise VideoError(f"{path}: timeout_s must be positive, got {timeout_s!r}")
-        src = cls(path if remote else Path(path), remote, float(timeout_s), decoder_threads)
-        src.check()
+        if remote and media_root is not None:
+            raise VideoError(f"{path}: a URL is not a file under the media root")
+        src = cls(path if remote else Path(path), remote, float(timeout_s), decoder_threads,
+                  Path(media_root) if media_root is not None else None, int(max_video_pixels))
+        if remote:
+            src.length = check_ranges(src.path, src.timeout_s)
+        else:
+            src.acquire()
         return src
 
-    def check(self) -> None:
-        """A local file must exist, be a file and hold bytes (a URL's server answers for it when opened)."""
+    def acquire(self) -> OpenedFile | None:
+        """The local file held open and checked (again after `release`: then it must be the same
+        file, not one swapped in since)."""
         if self.remote:
-            return
-        if not self.path.exists():
-            raise VideoError(f"{self.path}: no such file")
-        if self.path.is_dir():
-            raise VideoError(f"{self.path}: is a directory, not a video file")
-        if self.path.stat().st_size == 0:
-            raise VideoError(f"{self.path}: file is empty (0 bytes)")
+            return None
+        with self._lock:
+            if self._file is None:
+                opened = open_video_file(self.path, self.media_root)
+                if self._identity is not None and opened.identity != self._identity:
+                    opened.close()
+                    raise VideoError(f"{self.path}: is another file than the one opened before (replaced since)")
+                self._file, self._identity = opened, opened.identity
+            return self._file
+
+    def release(self) -> None:
+        """Closes the descriptor (containers already opened from it keep their own)."""
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+    def __del__(self) -> None:
+        if self._file is not None:
+            self._file.close()
 
     def size(self, container) -> int:
         """Bytes of the file (of the URL's resource, as its server stated)."""
-        return (container.size or 0) if self.remote else self.path.stat().st_size
+        if self.remote:
+            return self.length or container.size or 0
+        return self.acquire().size
 
     def open(self):
         """A PyAV container with a video stream, its decoder threads set; else a VideoError."""
-        import av
-
+        cap = {"max_pixels": str(self.max_video_pixels)}  # the decoders' bound, from the probe's on
         try:
-            if self.remote:
-                # FFmpeg's own socket deadline (connect and each read: "Connection timed out") and
-                # PyAV's interrupt, which also ends a read that trickles (data, but too slowly)
-                us = str(min(int(self.timeout_s * 1e6), 2**31 - 1))
-                container = av.open(self.path, mode="r", timeout=self.timeout_s, container_options={"timeout": us})
-            else:
-                container = av.open(str(self.path), mode="r")
+            container = self._av_open(cap)
         except Exception as e:  # av.error.* (InvalidDataError, ...), OSError
             if self.network_failure(e):
                 raise self.network_error(e) from None
-            raise VideoError(f"{self.path}: not a readable video ({type(e).__name__}: {e})") from None
-        stream = video_stream(container)
-        if stream is None:
+            what = None if self.remote else sniff(self.acquire().fd)
+            if what or getattr(e, "errno", None) == errno.EINVAL:  # EINVAL: a format not on the whitelist
+                raise VideoError(self._not_single_file(what)) from None
+            cause = getattr(e, "strerror", None) or str(e)  # not str(e): it names the /proc descriptor
+            raise VideoError(f"{self.path}: not a readable video ({type(e).__name__}: {cause})") from None
+        if self.stream_index is None:
+            stream = choose_stream(container)
+            if stream is not None:
+                self.stream_index = stream.index
+                if len(candidates(container)) > 1:  # packets were read to choose: start afresh
+                    container.close()
+                    return self.open()
+        try:
+            stream = self._checked_stream(container)
+        except VideoError:
             container.close()
-            raise VideoError(f"{self.path}: has no video stream (audio-only, audio with cover art, or data file)")
+            raise
         stream.thread_type = "AUTO"
-        stream.codec_context.thread_count = self.decoder_threads
+        stream.codec_context.thread_count = self._threads(stream)
+        stream.codec_context.options = {**(stream.codec_context.options or {}), **cap}
         return container
+
+    def _threads(self, stream) -> int:
+        """decoder_threads, where 0 (FFmpeg's choice) is bounded for large frames (THREAD_FRAME_BYTES)."""
+        frame = (stream.codec_context.width or 0) * (stream.codec_context.height or 0) * 3 // 2
+        if self.decoder_threads or frame * 16 <= THREAD_FRAME_BYTES:
+            return self.decoder_threads
+        return max(1, THREAD_FRAME_BYTES // frame)
+
+    def _av_open(self, options: dict):
+        """av.open of the URL, or of the checked descriptor: single-file formats, our protocols only."""
+        import av
+
+        opts = {"format_whitelist": FORMAT_WHITELIST}
+        if not self.remote:
+            return av.open(self.acquire().for_ffmpeg(), mode="r", options=options,
+                           container_options={**opts, "protocol_whitelist": FILE_PROTOCOLS})
+        # FFmpeg's own socket deadline (connect and each read: "Connection timed out") and PyAV's
+        # interrupt, which also ends a read that trickles (data, but too slowly)
+        us = str(min(int(self.timeout_s * 1e6), 2**31 - 1))
+        return av.open(self.path, mode="r", timeout=self.timeout_s, options=options,
+                       container_options={**opts, "timeout": us, "protocol_whitelist": URL_PROTOCOLS})
+
+    def _checked_stream(self, container):
+        """The chosen stream, if it is there and its frames are within max_video_pixels."""
+        stream = self.stream(container)
+        if stream is None:
+            raise VideoError(f"{self.path}: has no video stream (audio-only, audio with cover art, or data file)")
+        w, h = stream.codec_context.width or 0, stream.codec_context.height or 0
+        if not w * h:  # a decoder that met a frame over the bound leaves the size unset: read it undecoded
+            w, h = self._stated_size()
+        if w * h > self.max_video_pixels:
+            raise VideoError(f"{self.path}: its frames are {w}x{h}, over the {self.max_video_pixels / 1e6:.1f} million "
+                             f"pixels a frame may have (one decoded would take {w * h * 1.5 / 2**20:.0f} MB): make a "
+                             "smaller copy first (ffmpeg -i IN -vf scale=-2:2160 OUT.mp4)")
+        return stream
+
+    def _stated_size(self) -> tuple[int, int]:
+        """The chosen stream's frame size as the container and parser state it, nothing decoded."""
+        try:
+            with self._av_open({"skip_frame": "all"}) as c:
+                s = self.stream(c)
+                return (s.codec_context.width or 0, s.codec_context.height or 0) if s is not None else (0, 0)
+        except Exception:
+            return 0, 0
+
+    def stream(self, container):
+        """The video stream read in `container` (the one chosen on the first open), or None."""
+        if self.stream_index is None or self.stream_index >= len(container.streams):
+            return None
+        s = container.streams[self.stream_index]
+        return s if s.type == "video" else None
+
+    def _not_single_file(self, what: str | None) -> str:
+        return (f"{self.path}: {what or 'not a single-file video'}: paravt reads a video from one file "
+                "(MP4, MKV, AVI, MPEG-TS, ...), never a playlist, concat list or image sequence, whose "
+                "demuxers open other files by name; join it into one file first (ffmpeg -i LIST -c copy out.mp4)")
+
+    # ---------- each operation on a URL has a budget ----------
+    @contextlib.contextmanager
+    def operation(self):
+        """One operation (the probe, an overview, a crop) on this thread: on a URL, its packets are
+        bounded in bytes and it in time (paravt.video.net.Budget); nested operations share the outer one."""
+        if not self.remote or getattr(self._ops, "budget", None) is not None:
+            yield
+            return
+        self._ops.budget = Budget.start(str(self.path), self.timeout_s)
+        try:
+            yield
+        finally:
+            self._ops.budget = None
+
+    def packets(self, c, *streams):
+        """c.demux(*streams); on a URL each packet is spent from the operation's budget."""
+        if not self.remote:
+            yield from c.demux(*streams)
+            return
+        budget = getattr(self._ops, "budget", None) or Budget.start(str(self.path), self.timeout_s)
+        for packet in c.demux(*streams):
+            budget.spend(packet.size or 0)
+            yield packet
 
     def network_failure(self, e: BaseException) -> bool:
         """Whether `e` is the network failing (a URL's server refused, timed out, answered an HTTP
@@ -124,6 +242,8 @@ class Source:
         """For a URL, the VideoError of a network failure behind the read error `e`, else None
         (bad data: skipped as damage, as in a file). Demuxers report a connection lost mid-read
         as bad data (MP4: InvalidDataError), so such an error is checked by opening the URL again."""
+        if isinstance(e, VideoError):  # a budget spent (paravt.video.net), or a reopen refused
+            return e
         if not self.remote:
             return None
         if self.network_failure(e):

@@ -1,5 +1,5 @@
 """What `paravt mcp` is set to (McpSettings), which video a tool may open (`resolve_video`: the media
-root rule of `paravt app`, reused), and the server script lmms-eval can start (`write_script`).
+root rule of `paravt app`, paravt.video.media), and the server script lmms-eval can start (`write_script`).
 
 lmms-eval's MCP client starts `python SERVER_PATH` with no arguments, and the MCP SDK's stdio
 client hands the child only HOME, LOGNAME, PATH, SHELL, TERM and USER: no $PARAVT_MODEL, no virtual
@@ -83,9 +83,9 @@ class McpSettings:
 
 def resolve_video(settings: McpSettings, video_path: Any) -> Path | str:
     """The file (or URL) a tool call may open: an http(s) URL only with allow_urls; else a file under
-    the media root by the rule of `paravt app` (its `resolve_media`: no `..`, no link out of the root).
-    An absolute path is accepted when it names a place under the root (lmms-eval hands out absolute
-    paths) and is then checked as the path relative to the root."""
+    the media root by the rule `paravt app` uses too (paravt.video.media.resolve_media: no `..`, no
+    link out of the root; an absolute path when it names a place under the root, as lmms-eval hands
+    them out). The reader then holds the file to the root as opened (open_video)."""
     if not isinstance(video_path, str) or not video_path.strip() or "\x00" in video_path:
         raise ToolInputError("video_path must be a non-empty path to a video file")
     if is_url(video_path):
@@ -98,30 +98,15 @@ def resolve_video(settings: McpSettings, video_path: Any) -> Path | str:
                              "--allow-urls) are read")
     if settings.media_root is None:
         raise ToolInputError("this server has no media root: no file can be opened (start it with --media-root DIR)")
-    root = Path(settings.media_root)
-    rel = _under_root(Path(path), root) if Path(path).is_absolute() else path
-    from paravt.app.media import resolve_media
-    from paravt.app.settings import AppError
+    from paravt.video.media import MediaRootError, resolve_media
 
+    root = Path(settings.media_root)
     try:
-        return resolve_media(root, rel)
-    except AppError as e:
-        where = "outside the media root" if e.status == 403 else "not a video file under the media root"
+        return resolve_media(root, path, absolute=True)
+    except MediaRootError as e:
+        where = "outside the media root" if e.outside else "not a video file under the media root"
         raise ToolInputError(f"{video_path[:200]!r} is {where} ({root}); give a path relative to it, or an "
                              "absolute path inside it") from None
-
-
-def _under_root(path: Path, root: Path) -> str:
-    """The part of an absolute `path` below the root (as given or with its links resolved), for
-    resolve_media to check; a path elsewhere is refused here."""
-    for base in (root, root.resolve()):
-        try:
-            rel = path.relative_to(base)
-        except ValueError:
-            continue
-        if rel.parts:
-            return rel.as_posix()
-    raise ToolInputError(f"{str(path)[:200]!r} is outside the media root ({root})")
 
 
 SCRIPT = '''#!/usr/bin/env python

@@ -94,8 +94,9 @@ async def open_video(settings: McpSettings, video_path: str):
     from paravt.video import VideoError, VideoReader
 
     path = resolve_video(settings, video_path)
+    root = None if isinstance(path, str) else settings.media_root  # a URL is no file under it
     try:
-        return await asyncio.to_thread(VideoReader, path, timeout_s=settings.timeout_s)
+        return await asyncio.to_thread(VideoReader, path, timeout_s=settings.timeout_s, media_root=root)
     except VideoError as e:
         raise _video_error(e) from None
 
