@@ -389,6 +389,123 @@ class _Tally:
         return f"score {100 * self.score / max(self.n, 1):.1f}% · errors {self.err}"
 
 
+@dataclass
+class _Run:
+    """One run's shared state. Its workers take samples from `todo`, write each row before it counts,
+    and take no more once `stop` is set: a failed write, `stop_after` rows, or `max_streak` samples in
+    a row on which the model failed (a dead server)."""
+
+    pool: _Pool
+    config: EpisodeConfig
+    reward_cfg: RewardConfig
+    keep_ids: bool
+    timeout_s: float | None
+    todo: deque
+    writer: ResultWriter
+    tally: _Tally
+    stop_after: int | None
+    max_streak: int
+    prog: Any = None
+    task: Any = None
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    new: int = 0
+    claimed: int = 0
+    streak: int = 0
+    last_error: str = ""
+
+    @property
+    def aborted(self) -> bool:
+        return self.streak >= self.max_streak
+
+    def stop_writing(self, e: OutputError) -> None:
+        """Stop taking samples; the episodes in flight end on their own (see the module docstring)."""
+        if not self.stop.is_set() and self.prog is not None:
+            from rich.markup import escape
+
+            self.prog.update(self.task, status=f"[red]cannot write {escape(str(e))}[/red]: ending the episodes "
+                                               "in flight")
+        self.stop.set()
+
+    async def worker(self) -> None:
+        while self.todo and not self.stop.is_set():
+            s = self.todo.popleft()
+            row, backend_failed = await _run_sample(self.pool, s, self.config, self.reward_cfg, self.keep_ids,
+                                                    self.timeout_s)
+            if self.stop_after is not None:
+                if self.claimed >= self.stop_after:
+                    return  # simulated kill: what was in flight is lost, as in a real one
+                self.claimed += 1  # claimed before the write yields, so two workers cannot both pass
+            try:
+                await self.writer.write(row)  # on disk before it counts
+            except OutputError as e:
+                self.stop_writing(e)
+                return
+            self._count(row, backend_failed)
+
+    def _count(self, row: dict, backend_failed: bool) -> None:
+        self.new += 1
+        self.tally.add(row)
+        self.streak = self.streak + 1 if backend_failed else 0
+        if backend_failed:
+            self.last_error = row["error"]
+        if self.prog is not None:
+            self.prog.update(self.task, advance=1, status=self.tally.status())
+        if (self.stop_after is not None and self.new >= self.stop_after) or self.aborted:
+            self.stop.set()
+
+
+def _open_pool(backends: BackendsArg) -> tuple[_Pool, bool]:
+    """(the pool, whether its backends were made here from a factory and are to be closed here)."""
+    created = not isinstance(backends, Backend) and callable(backends)
+    made = backends() if created else backends
+    pool = _Pool([made] if isinstance(made, Backend) else list(made))
+    if not pool.backends:
+        raise ValueError("no backend given")
+    return pool, created
+
+
+async def _close_pool(pool: _Pool, created: bool) -> None:
+    if created:
+        for b in pool.backends:
+            await b.aclose()
+
+
+async def _run_workers(run: _Run, n: int) -> None:
+    """`n` workers until the samples are done or the run stops; an exception in one (a bug in a
+    sample) stops the others before it propagates, so the file is closed after every write ended."""
+    tasks = [asyncio.create_task(run.worker()) for _ in range(n)]
+    try:
+        finished_tasks, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for t in finished_tasks:
+            if t.exception() is not None:
+                raise t.exception()
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def _drive(run: _Run, progress: Any, title: str, total: int, concurrency: int, changed: int) -> None:
+    """The run's samples through its workers, under a progress bar when asked; closes the results file."""
+    prog, own_prog = _make_progress(progress)
+    try:
+        if prog is not None:
+            if own_prog:
+                prog.start()
+            run.prog = prog
+            run.task = prog.add_task(title, total=total, completed=total - len(run.todo), status=run.tally.status())
+            if changed:
+                prog.console.print(f"[yellow]{changed} sample(s) changed since they were scored (question, answer "
+                                   "or video): running them again[/yellow]")
+        await _run_workers(run, min(concurrency, max(len(run.todo), 1)))
+    finally:
+        run.writer.close()
+        if own_prog:
+            prog.stop()
+
+
 async def run_eval_async(
     samples: Sequence[Sample],
     backends: BackendsArg,
@@ -420,8 +537,6 @@ async def run_eval_async(
     stop_after: end the run after that many new rows (tests use it to simulate a kill).
     When samples are left to run, each backend's model servers are checked first (servers.py): a
     backend none of whose servers answers raises BackendError before anything is written."""
-    # Longer than the guide's 80 lines: the workers below are closures over one run's state (the
-    # queue, the writer, the tally, the stop event); the set-up before them lives in helpers.
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     if limit is not None and limit < 0:
@@ -431,100 +546,32 @@ async def run_eval_async(
     targets = list(samples[:limit] if limit is not None else samples)
     bench = targets[0].bench if targets else (samples[0].bench if samples else (manifest or {}).get("bench"))
     man = _run_manifest(bench, model, config, reward_cfg, manifest, len(samples), len(missing))
-    results = out / RESULTS
-    created = not isinstance(backends, Backend) and callable(backends)
-    made = backends() if created else backends
-    pool = _Pool([made] if isinstance(made, Backend) else list(made))
-    if not pool.backends:
-        raise ValueError("no backend given")
+    pool, created = _open_pool(backends)
     try:  # before anything is written: a dead server fails the run at once, with its cause
         await _preflight(out, man, pool, targets, missing, force, retry_errors)
-        lock = RunLock(out).acquire()  # one run writes here at a time; released in the finally below
+        lock = RunLock(out).acquire()  # one run writes here at a time
     except BaseException:
-        if created:
-            for b in pool.backends:
-                await b.aclose()
+        await _close_pool(pool, created)
         raise
-
-    done = latest_rows(read_results(results))
-    finished, changed = finished_ids(done, targets, retry_errors)
-    todo = deque(s for s in targets if s.id not in finished)
-    prog, own_prog = _make_progress(progress)
-    task = None
-    tally = _Tally()
-    for s in targets:
-        if s.id in finished:
-            tally.add(done[s.id])
-    status = tally.status
-    if prog is not None:
-        if own_prog:
-            prog.start()
-        task = prog.add_task(f"{bench} · {config.mode}", total=len(targets), completed=len(targets) - len(todo),
-                             status=status())
-    writer = ResultWriter(results)
-    stop = asyncio.Event()
-    state = {"new": 0, "claimed": 0, "backend_fail_streak": 0, "last_error": ""}
-
-    def stop_writing(e: OutputError) -> None:
-        """Stop taking samples; the episodes in flight end on their own (see the module docstring)."""
-        if not stop.is_set() and prog is not None:
-            from rich.markup import escape
-
-            prog.update(task, status=f"[red]cannot write {escape(str(e))}[/red]: ending the episodes in flight")
-        stop.set()
-
-    async def worker() -> None:
-        while todo and not stop.is_set():
-            s = todo.popleft()
-            row, backend_failed = await _run_sample(pool, s, config, reward_cfg, keep_token_ids, sample_timeout_s)
-            if stop_after is not None:
-                if state["claimed"] >= stop_after:
-                    return  # simulated kill: what was in flight is lost, as in a real one
-                state["claimed"] += 1  # claimed before the write yields, so two workers cannot both pass
-            try:
-                await writer.write(row)  # on disk before it counts
-            except OutputError as e:
-                stop_writing(e)
-                return
-            state["new"] += 1
-            tally.add(row)
-            state["backend_fail_streak"] = state["backend_fail_streak"] + 1 if backend_failed else 0
-            if backend_failed:
-                state["last_error"] = row["error"]
-            if prog is not None:
-                prog.update(task, advance=1, status=status())
-            if stop_after is not None and state["new"] >= stop_after:
-                stop.set()
-            if state["backend_fail_streak"] >= max_consecutive_backend_errors:
-                stop.set()
-
-    if changed and prog is not None:
-        prog.console.print(f"[yellow]{changed} sample(s) changed since they were scored (question, answer or "
-                           "video): running them again[/yellow]")
-    tasks = [asyncio.create_task(worker()) for _ in range(min(concurrency, max(len(todo), 1)))]
     try:
-        finished_tasks, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        for t in pending:  # a bug in one sample: stop the others before closing the file
-            t.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        for t in finished_tasks:
-            if t.exception() is not None:
-                raise t.exception()
+        done = latest_rows(read_results(out / RESULTS))
+        finished, changed = finished_ids(done, targets, retry_errors)
+        tally = _Tally()
+        for s in targets:
+            if s.id in finished:
+                tally.add(done[s.id])
+        run = _Run(pool, config, reward_cfg, keep_token_ids, sample_timeout_s,
+                   deque(s for s in targets if s.id not in finished), ResultWriter(out / RESULTS), tally, stop_after,
+                   max_consecutive_backend_errors)
+        await _drive(run, progress, f"{bench} · {config.mode}", len(targets), concurrency, changed)
     finally:
-        for t in tasks:
-            t.cancel()
-        writer.close()
         lock.release()
-        if own_prog:
-            prog.stop()
-        if created:
-            for b in pool.backends:
-                await b.aclose()
-    if writer.failed is not None:
-        raise writer.failed
-    if state["backend_fail_streak"] >= max_consecutive_backend_errors:
-        raise EvalAborted(f"the model failed on {state['backend_fail_streak']} samples in a row (last: "
-                          f"{state['last_error']}); results so far are in {results}; rerun to resume")
+        await _close_pool(pool, created)
+    if run.writer.failed is not None:
+        raise run.writer.failed
+    if run.aborted:
+        raise EvalAborted(f"the model failed on {run.streak} samples in a row (last: {run.last_error}); results so "
+                          f"far are in {out / RESULTS}; rerun to resume")
     events = [e for b in pool.backends for e in getattr(b, "endpoint_events", [])]
     return write_summary(out, [s.id for s in targets], bench=bench, missing=len(missing), endpoint_events=events,
                          inputs_changed=changed)
