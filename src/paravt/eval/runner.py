@@ -1,10 +1,10 @@
 """Concurrent, resumable evaluation over the one episode loop (paravt.agent.run_episode).
 
 Results are never lost: each finished sample is one JSON line appended to results.jsonl and
-fsynced before it is counted. A rerun reads what is there and skips it (error rows are retried
-unless told otherwise); a line torn by a crash mid-write is cut off and that sample redone. A
-manifest pins the settings that change results (benchmark, model, episode config, scoring), so a
-resume never mixes two configurations unless forced. Several backends (or one OpenAI backend over
+fsynced before it is counted (paravt.eval.results). A rerun reads what is there and skips it (error
+rows are retried unless told otherwise); a line torn by a crash mid-write is cut off and that sample
+redone. A manifest pins the settings that change results (benchmark, model, episode config, scoring),
+so a resume never mixes two configurations unless forced. Several backends (or one OpenAI backend over
 several endpoints) are used at once: each episode goes to the least busy one.
 
 The model server is checked before the run (a dead one fails it at once, nothing written), and
@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from collections import deque
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -33,12 +31,13 @@ from paravt.agent import Episode, EpisodeConfig, run_episode
 from paravt.backends.base import Backend, BackendError
 from paravt.eval.benchmarks import BENCHMARKS, MissingVideo, Sample
 from paravt.eval.metrics import markdown, normalized_prediction, score_prediction, summarize
+from paravt.eval.results import (RESULTS, OutputError, ResultWriter, disk_errors, latest_rows, read_results,
+                                 write_text, write_text_atomic)
 from paravt.eval.run_dir import RunLock, input_digest, inputs_changed
 from paravt.backends.reachable import check_servers, outage
 from paravt.rewards import RewardConfig
 from paravt.video import VideoError
 
-RESULTS = "results.jsonl"
 MANIFEST = "manifest.json"
 
 
@@ -51,42 +50,6 @@ class EvalAborted(RuntimeError):
     writing an error row for every remaining sample."""
 
 
-class OutputError(RuntimeError):
-    """A file of the run directory could not be read or written; the message is `<path>: <cause>`."""
-
-    def __init__(self, path: str | Path, err: OSError):
-        self.path, self.err = Path(path), err
-        super().__init__(f"{path}: {err.strerror or err}")
-
-
-@contextmanager
-def disk_errors(path: str | Path):
-    """Turn an OSError on `path` (ENOSPC, EFBIG, EACCES, EROFS, ...) into an OutputError naming it."""
-    try:
-        yield
-    except OSError as e:
-        raise OutputError(path, e) from None
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Replace `path` by `text` whole or not at all (a manifest cut short would block the resume)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with disk_errors(path):
-        try:
-            with open(tmp, "w") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-
-
-def write_text(path: Path, text: str) -> None:
-    with disk_errors(path):
-        path.write_text(text)
-
-
 def eval_config(**overrides: Any) -> EpisodeConfig:
     """The paper's evaluation protocol: greedy, 2048 new tokens per turn, K = 64
     overview frames, 3 rounds with the last one a forced answer, 5 calls a turn. The forced turn
@@ -96,98 +59,6 @@ def eval_config(**overrides: Any) -> EpisodeConfig:
                                 max_parallel=5, answer_max_new_tokens_mcq=64, answer_max_new_tokens_tvg=128)
     base.update({k: v for k, v in overrides.items() if v is not None})
     return EpisodeConfig(**base)
-
-
-# ----------------------------------------------------------------------------------------------
-# results.jsonl
-
-
-def read_results(path: str | Path, repair: bool = True) -> list[dict]:
-    """Every complete row of results.jsonl, in file order.
-
-    A last line without its newline is the trace of a crash mid-write: cut off (repair=True) so
-    the next append starts on a fresh line; if it happens to be complete JSON it is kept and its
-    newline restored. A garbled line inside the file is skipped, never a reason to drop the rows
-    after it."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    with disk_errors(path):
-        data = path.read_bytes()
-    rows: list[dict] = []
-    cut = len(data) if not data or data.endswith(b"\n") else data.rfind(b"\n") + 1
-    body, tail = data[:cut], data[cut:]
-    for line in body.split(b"\n"):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    if tail:
-        try:
-            rows.append(json.loads(tail))
-            fix = "newline"
-        except json.JSONDecodeError:
-            fix = "truncate"
-        if repair:
-            with disk_errors(path), open(path, "r+b") as f:
-                if fix == "truncate":
-                    f.truncate(len(data) - len(tail))
-                else:
-                    f.seek(0, os.SEEK_END)
-                    f.write(b"\n")
-                f.flush()
-                os.fsync(f.fileno())
-    return [r for r in rows if isinstance(r, dict) and "id" in r]
-
-
-def latest_rows(rows: list[dict]) -> dict[str, dict]:
-    """One row per sample id: the last one written (a retried sample's newest result)."""
-    out: dict[str, dict] = {}
-    for r in rows:
-        out[str(r["id"])] = r
-    return out
-
-
-class ResultWriter:
-    """Appends rows to results.jsonl, each fsynced before `write` returns. A failed write is cut
-    back off the file (when the file system allows) and every later write raises the same
-    OutputError: after a failure nothing more is written."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        with disk_errors(path):
-            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self._lock = asyncio.Lock()
-        self.failed: OutputError | None = None
-
-    def _write(self, data: bytes) -> None:
-        end = os.lseek(self._fd, 0, os.SEEK_END)
-        try:
-            view = memoryview(data)
-            while view:  # unbuffered: nothing is left in a buffer to be flushed (or fail) later
-                view = view[os.write(self._fd, view):]
-            os.fsync(self._fd)
-        except OSError as e:
-            try:
-                os.ftruncate(self._fd, end)  # no torn row (a resume would also cut it off)
-            except OSError:
-                pass
-            raise OutputError(self.path, e) from None
-
-    async def write(self, row: dict) -> None:
-        data = (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
-        async with self._lock:  # one writer at a time; the fsync runs off the event loop
-            if self.failed is not None:
-                raise self.failed
-            try:
-                await asyncio.to_thread(self._write, data)
-            except OutputError as e:
-                self.failed = e
-                raise
-
-    def close(self) -> None:
-        os.close(self._fd)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -356,6 +227,21 @@ def _run_manifest(bench, model, config: EpisodeConfig, reward_cfg: RewardConfig,
             **{k: v for k, v in extra.items() if k != "info"},
             "info": {"created": time.strftime("%Y-%m-%dT%H:%M:%S"), "n_samples": n_samples,
                      "missing_videos": n_missing, **extra.get("info", {})}}
+
+
+def finished_ids(done: dict[str, dict], targets: Sequence[Sample], retry_errors: bool) -> tuple[set[str], int]:
+    """The ids whose rows stand (not an error to retry, the same inputs as now), and how many rows
+    were left for their sample's inputs having changed."""
+    finished, changed = set(), 0
+    for s in targets:
+        row = done.get(s.id)
+        if row is None or (retry_errors and row.get("error")):
+            continue
+        if inputs_changed(row, s):
+            changed += 1
+        else:
+            finished.add(s.id)
+    return finished, changed
 
 
 async def _preflight(out: Path, man: dict, pool: "_Pool", targets: list, missing: Sequence[MissingVideo],
@@ -575,21 +461,6 @@ async def run_eval_async(
     events = [e for b in pool.backends for e in getattr(b, "endpoint_events", [])]
     return write_summary(out, [s.id for s in targets], bench=bench, missing=len(missing), endpoint_events=events,
                          inputs_changed=changed)
-
-
-def finished_ids(done: dict[str, dict], targets: Sequence[Sample], retry_errors: bool) -> tuple[set[str], int]:
-    """The ids whose rows stand (not an error to retry, the same inputs as now), and how many rows
-    were left for their sample's inputs having changed."""
-    finished, changed = set(), 0
-    for s in targets:
-        row = done.get(s.id)
-        if row is None or (retry_errors and row.get("error")):
-            continue
-        if inputs_changed(row, s):
-            changed += 1
-        else:
-            finished.add(s.id)
-    return finished, changed
 
 
 def write_summary(out: str | Path, ids: Sequence[str] | None = None, bench: str | None = None,
