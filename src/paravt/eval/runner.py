@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 from paravt.agent import Episode, EpisodeConfig, run_episode
 from paravt.backends.base import Backend, BackendError
 from paravt.eval.benchmarks import BENCHMARKS, MissingVideo, Sample
+from paravt.eval.media_root import held_video
 from paravt.eval.metrics import markdown, normalized_prediction, score_prediction, summarize
 from paravt.eval.results import (RESULTS, OutputError, ResultWriter, disk_errors, latest_rows, read_results,
                                  write_text, write_text_atomic)
@@ -173,15 +174,17 @@ def sample_row(s: Sample, ep: Episode | None, error: str | None, latency_s: floa
 
 
 async def _run_sample(pool: _Pool, s: Sample, cfg: EpisodeConfig, reward_cfg: RewardConfig,
-                      keep_ids: bool, timeout_s: float | None) -> tuple[dict, bool]:
-    """(row, backend_failed). Failures of the sample's own video or of the model, and a sample
-    that outlives `timeout_s`, become an error row; anything else is a bug and propagates."""
+                      keep_ids: bool, timeout_s: float | None, media_root: Path | None = None) -> tuple[dict, bool]:
+    """(row, backend_failed). Failures of the sample's own video (one outside `media_root` too) or
+    of the model, and a sample that outlives `timeout_s`, become an error row; anything else is a bug
+    and propagates."""
     i = pool.take()
     t0 = time.perf_counter()
     ep, error, backend_failed, detail = None, None, False, None
     try:
+        video = await asyncio.to_thread(held_video, media_root, s.video_path)  # where a row's video is opened
         ep = await asyncio.wait_for(
-            run_episode(pool.backends[i], s.video_path, s.question, cfg, question_type=s.question_type,
+            run_episode(pool.backends[i], video, s.question, cfg, question_type=s.question_type,
                         subtitles=s.subtitles), timeout_s)
     except VideoError as e:
         error = f"VideoError: {e}"
@@ -291,6 +294,7 @@ class _Run:
     tally: _Tally
     stop_after: int | None
     max_streak: int
+    media_root: Path | None = None
     prog: Any = None
     task: Any = None
     stop: asyncio.Event = field(default_factory=asyncio.Event)
@@ -316,7 +320,7 @@ class _Run:
         while self.todo and not self.stop.is_set():
             s = self.todo.popleft()
             row, backend_failed = await _run_sample(self.pool, s, self.config, self.reward_cfg, self.keep_ids,
-                                                    self.timeout_s)
+                                                    self.timeout_s, self.media_root)
             if self.stop_after is not None:
                 if self.claimed >= self.stop_after:
                     return  # simulated kill: what was in flight is lost, as in a real one
@@ -411,6 +415,7 @@ async def run_eval_async(
     max_consecutive_backend_errors: int = 20,
     sample_timeout_s: float | None = 1800.0,
     stop_after: int | None = None,
+    media_root: str | Path | None = None,
 ) -> dict:
     """Evaluate `samples[:limit]` into out_dir; returns the summary (also written as
     summary.json / summary.md).
@@ -421,6 +426,8 @@ async def run_eval_async(
     sample_timeout_s: an episode running longer becomes an error row (retried on rerun) instead
     of stalling the run.
     stop_after: end the run after that many new rows (tests use it to simulate a kill).
+    media_root: open only videos under this folder (eval.media_root); a row naming another file is
+    that sample's error row.
     When samples are left to run, each backend's model servers are checked first (servers.py): a
     backend none of whose servers answers raises BackendError before anything is written."""
     if concurrency < 1:
@@ -448,7 +455,7 @@ async def run_eval_async(
                 tally.add(done[s.id])
         run = _Run(pool, config, reward_cfg, keep_token_ids, sample_timeout_s,
                    deque(s for s in targets if s.id not in finished), ResultWriter(out / RESULTS), tally, stop_after,
-                   max_consecutive_backend_errors)
+                   max_consecutive_backend_errors, Path(media_root) if media_root is not None else None)
         await _drive(run, progress, f"{bench} · {config.mode}", len(targets), concurrency, changed)
     finally:
         lock.release()
