@@ -384,7 +384,7 @@ def test_two_para_grpo_steps_then_resume(tiny_dir, rl_split, tmp_path):
 def test_ctrl_c_says_what_a_rerun_does_and_no_log_is_lost(tiny_dir, rl_split, tmp_path, ctrl_c):
     """`paravt train grpo` stopped by Ctrl-C before its first checkpoint says there is none and a rerun
     starts over; the rerun keeps the earlier log.jsonl and rollouts.jsonl whole beside its own. Stopped
-    after a checkpoint, it names that checkpoint's step, and the resume keeps the steps it drops."""
+    after a checkpoint, it names that checkpoint's step (what a resume keeps: test_train_sft)."""
     from typer.testing import CliRunner
 
     from paravt.cli import app
@@ -411,11 +411,6 @@ def test_ctrl_c_says_what_a_rerun_does_and_no_log_is_lost(tiny_dir, rl_split, tm
     r = CliRunner().invoke(app, [*base, "-o", "steps=3"])
     said = " ".join(r.output.split())
     assert r.exit_code == 130 and "its checkpoint of step 2 is kept" in said and "resume from step 2" in said, said
-    ctrl_c["step"] = None
-    r = CliRunner().invoke(app, [*base, "-o", "steps=3"])
-    assert r.exit_code == 0, r.output
-    assert steps_in(out / "log.jsonl") == [1, 2, 3] and steps_in(out / "log.2.jsonl") == [1, 2, 3]
-    assert steps_in(out / "log.1.jsonl") == [1]
 
 
 @pytest.mark.filterwarnings("error:Detected call of:UserWarning")  # a skipped first update still moves the lr on, silently
