@@ -93,24 +93,60 @@ FOLDERS = ("rl", "eval")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]*")
 MAX_FILE_BYTES = 64 << 20  # the largest record kept so far is a 4 MB rollouts.jsonl
 MAX_PACK_BYTES = 256 << 20
+MAX_MEMBERS = 4096  # a model's RL run (3 records) and its eval cells (3 each): 12 in the packs kept so far
+MAX_HEADER_BYTES = 64 << 10  # a pax or GNU long-name header: a long file name, not megabytes
+BROKEN = (tarfile.TarError, EOFError, OSError)  # gzip's and tarfile's own complaints of a broken pack
+
+
+class _BoundedInfo(tarfile.TarInfo):
+    """A member header whose extended header (pax, GNU long name) is refused by its declared size before
+    tarfile reads it into memory: a small pack could declare gigabytes of it."""
+
+    def _proc_member(self, tarfile_):
+        if self.type in (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
+                         tarfile.GNUTYPE_LONGLINK) and self.size > MAX_HEADER_BYTES:
+            raise tarfile.HeaderError(f"an extended header of {self.size} bytes")
+        return super()._proc_member(tarfile_)
+
+
+def _open_pack(p: Path) -> tarfile.TarFile:
+    try:  # tarfile reads the first member's header here
+        return tarfile.open(p, "r:gz", tarinfo=_BoundedInfo)
+    except BROKEN as e:
+        raise SystemExit(f"{p}: not a readable records pack ({type(e).__name__}: {e}): nothing unpacked") from None
+
+
+def _check_member(p: Path, m: tarfile.TarInfo, names: set[str]) -> None:
+    parts = m.name.split("/")
+    if not (m.isreg() and len(parts) == 3 and parts[0] in FOLDERS and NAME.fullmatch(parts[1]) and parts[2] in KEPT):
+        raise SystemExit(f"{p}: {m.name!r} is not a run record (a file at <rl|eval>/<run>/<record>): "
+                         "nothing unpacked from this pack")
+    if m.name in names:
+        raise SystemExit(f"{p}: {m.name} is in the pack twice: nothing unpacked from this pack")
+    names.add(m.name)
 
 
 def _checked(p: Path, tar: tarfile.TarFile) -> list[tarfile.TarInfo]:
-    """The pack's members if every one is a file of the records' shape within the size bounds.
-    Checked here rather than left to tarfile's "data" filter: records are meant to be shared, and the
-    filter of Pythons before 3.11.13 / 3.12.11 / 3.13.4 lets a crafted chain of links write outside the
-    folder (CVE-2025-4517); a pack that needs no link, device or folder entry gets none."""
-    members, total = tar.getmembers(), 0
-    for m in members:
-        parts = m.name.split("/")
-        if not (m.isreg() and len(parts) == 3 and parts[0] in FOLDERS and NAME.fullmatch(parts[1])
-                and parts[2] in KEPT):
-            raise SystemExit(f"{p}: {m.name!r} is not a run record (a file at <rl|eval>/<run>/<record>): "
-                             "nothing unpacked from this pack")
-        total += m.size
-        if m.size > MAX_FILE_BYTES or total > MAX_PACK_BYTES:
-            raise SystemExit(f"{p}: {m.name} would unpack to more than a run record holds "
-                             f"({MAX_FILE_BYTES >> 20} MB a file, {MAX_PACK_BYTES >> 20} MB a pack): nothing unpacked")
+    """The pack's members if every one is a file of the records' shape within the size and count
+    bounds, read one header at a time so that a pack is refused at its first wrong member, or its
+    MAX_MEMBERS + 1st, before it costs memory or minutes. Checked here rather than left to tarfile's
+    "data" filter: records are meant to be shared, and the filter of Pythons before 3.11.13 / 3.12.11 /
+    3.13.4 lets a crafted chain of links write outside the folder (CVE-2025-4517); a pack that needs no
+    link, device or folder entry gets none."""
+    members, names, total = [], set(), 0
+    try:
+        for m in tar:
+            if len(members) == MAX_MEMBERS:
+                raise SystemExit(f"{p}: more than {MAX_MEMBERS} members, more than a model's records hold: "
+                                 "nothing unpacked from this pack")
+            _check_member(p, m, names)
+            total += m.size
+            if m.size > MAX_FILE_BYTES or total > MAX_PACK_BYTES:
+                raise SystemExit(f"{p}: {m.name} would unpack to more than a run record holds ({MAX_FILE_BYTES >> 20} "
+                                 f"MB a file, {MAX_PACK_BYTES >> 20} MB a pack): nothing unpacked")
+            members.append(m)
+    except BROKEN as e:
+        raise SystemExit(f"{p}: not a readable records pack ({type(e).__name__}: {e}): nothing unpacked") from None
     return members
 
 
@@ -125,7 +161,7 @@ def unpack(out: Path, store: Path) -> tuple[list[Path], list[Path]]:
     out.mkdir(parents=True, exist_ok=True)
     written, kept = [], []
     for p in packs:
-        with tarfile.open(p, "r:gz") as tar:
+        with _open_pack(p) as tar:
             for m in _checked(p, tar):
                 target = out / m.name
                 if os.path.lexists(target):

@@ -45,6 +45,25 @@ def mini_split(tmp_path_factory):
     return out
 
 
+@pytest.fixture
+def ctrl_c(monkeypatch):
+    """A real SIGINT (the terminal's Ctrl-C) right after a training run has logged the step that the
+    returned dict's "step" names (None: never)."""
+    import signal
+
+    from paravt.train.logging import RunLogger
+
+    log, when = RunLogger.log, {"step": None}
+
+    def logged(self, at, *a, **k):
+        log(self, at, *a, **k)
+        if at == when["step"]:
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(RunLogger, "log", logged)
+    return when
+
+
 CHROMIUM = "/usr/bin/chromium"  # Debian's; Playwright never downloads a browser here
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]

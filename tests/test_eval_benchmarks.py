@@ -158,6 +158,31 @@ def test_longvideobench_subtitles_interleaved_by_time(tmp_path, clip):
     assert loaded.notes == {"subtitle file missing (question asked without subtitles)": 2}
 
 
+def test_a_subtitle_file_named_outside_its_folder_is_never_read(tmp_path, clip):
+    """A row's subtitle_path (LongVideoBench) or videoID (Video-MME's `{videoID}.srt`) that leaves the
+    subtitle folder: the row is left out and counted, the file it names is not read (docs/data.md)."""
+    d = bench_dir(tmp_path, "longvideobench", clip, LVB_VIDEOS)
+    secret = tmp_path / "secret_en.json"
+    shutil.copy(d / "subtitles" / "86CxyhFV9MI_en.json", secret)
+    rows = json.loads((d / "lvb_val.json").read_text())
+    rows[0]["subtitle_path"], rows[1]["subtitle_path"] = "../../secret_en.json", str(secret)
+    (d / "lvb_val.json").write_text(json.dumps(rows))
+    loaded = load_benchmark("longvideobench", d)
+    assert "86CxyhFV9MI_0" not in by_id(loaded) and "86CxyhFV9MI_1" not in by_id(loaded)
+    assert loaded.skipped == {"its subtitle file is named outside the subtitle folder (an absolute path or `..`)": 2}
+    assert sorted(by_id(loaded)) == ["QJ6sjg7SXOQ_0", "uJgZo4KxoZw_0"]
+
+    v = bench_dir(tmp_path, "videomme", clip, VMME_VIDEOS)
+    rows = pq.read_table(next(v.rglob("*.parquet"))).to_pylist()
+    rows[0]["videoID"] = "../../secret"
+    pq.write_table(pa.Table.from_pylist(rows), next(v.rglob("*.parquet")))
+    (tmp_path / "secret.srt").write_text("1\n00:00:00,000 --> 00:00:01,000\nnot to be read\n")
+    loaded = load_benchmark("videomme_sub", v)
+    assert str(rows[0]["question_id"]) not in {s.id for s in loaded.samples} | {m.id for m in loaded.missing}
+    assert loaded.skipped == {"its subtitle file is named outside the subtitle folder (an absolute path or `..`)": 1}
+    assert not any(s.subtitles and "not to be read" in str(s.subtitles.cues) for s in loaded.samples)
+
+
 def test_longvideobench_repeated_candidates_keep_their_positions(tmp_path, clip):
     d = bench_dir(tmp_path, "longvideobench", clip, ["videos/p7YxwveUrjI.mp4"])
     s = by_id(load_benchmark("longvideobench", d))["p7YxwveUrjI_0"]

@@ -4,6 +4,7 @@ settings cannot be mixed, several backends are used at once, failures are counte
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -706,3 +707,65 @@ def test_two_runs_on_one_out_folder_are_refused(samples, split, tmp_path, monkey
                                      "--frames", "4", "--max-turns", "2", "--max-new-tokens", "64", "--limit", "2"])
         assert r.exit_code == 0, r.output
     assert loads == [1, 1] and (tmp_path / "r2" / ".lock").exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# --media-root: a data file from elsewhere opens only videos under the root
+
+
+def _rows_naming(d: Path, names: list[str]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"prompt": [{"role": "user", "content": f"<video>\nWhat colour was square {i}?\nA. red\nB. blue"}],
+             "videos": [{"video": n}], "extra_info": json.dumps({"id": f"r{i}", "answer": "B", "question_type": "mcq",
+                                                                 "options": ["A. red", "B. blue"]})}
+            for i, n in enumerate(names)]
+    pq.write_table(pa.Table.from_pylist(rows), d / "rl.parquet")
+
+
+def test_a_media_root_holds_every_row_to_it(split, tmp_path, monkeypatch):
+    """A data file whose rows name a video outside --media-root (an absolute path, `..`, a link out of
+    the root): each of those samples is an error row that names the path, no episode of theirs reaches
+    the model, and the row under the root is scored; a root no row is under is refused before the model
+    loads."""
+    from typer.testing import CliRunner
+
+    import paravt.eval.commands as commands
+    from paravt.cli import app
+
+    root, elsewhere = tmp_path / "root", tmp_path / "elsewhere"
+    (root / "videos").mkdir(parents=True)
+    elsewhere.mkdir()
+    (root / "videos" / "ok.mp4").write_bytes((split / "videos" / "v0.mp4").read_bytes())
+    secret = elsewhere / "secret.mp4"
+    secret.write_bytes((split / "videos" / "v1.mp4").read_bytes())
+    (root / "videos" / "link.mp4").symlink_to(secret)
+    _rows_naming(root, ["videos/ok.mp4", str(secret), "../elsewhere/secret.mp4", "videos/link.mp4"])
+    backends = []
+    monkeypatch.setattr(commands, "make_backends", lambda *a, **k: backends.append(make_backend()) or backends[-1])
+    base = ["eval", "--bench", "synthvt", "--data", str(root), "--frames", "4", "--max-turns", "2",
+            "--max-new-tokens", "64", "--max-error-rate", "1"]
+    r = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "held"), "--media-root", str(root)])
+    assert r.exit_code == 0, r.output
+    assert "2 sample(s) name a video outside --media-root" in " ".join(r.output.split())
+    rows = {row["id"]: row for row in read_results(tmp_path / "held" / "results.jsonl")}
+    assert rows["r0"]["error"] is None and rows["r0"]["n_turns"] >= 1
+    for i in ("r1", "r2", "r3"):
+        assert rows[i]["error"] == (f"VideoError: {rows[i]['video_path']} is outside --media-root {root}: a data "
+                                    "row may name only files under it"), rows[i]
+    asked = {q for req in backends[0].requests for m in req.messages for q in re.findall(r"square \d", m.text())}
+    assert asked == {"square 0"}  # the model saw one sample's episode: the one under the root
+    summary = json.loads((tmp_path / "held" / "summary.json").read_text())
+    assert summary["errors"] == 3 and len(summary["error_causes"]) == 1  # one cause, named once
+
+    r = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "none"), "--media-root", str(elsewhere / "..")
+                                 + "/nowhere"])
+    assert r.exit_code == 2 and "--media-root" in r.output and "not a folder" in r.output
+    (tmp_path / "empty").mkdir()
+    r = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "none"), "--media-root", str(tmp_path / "empty")])
+    assert r.exit_code == 2 and "no sample's video is under --media-root" in " ".join(r.output.split())
+    assert len(backends) == 1 and not (tmp_path / "none").exists()  # refused before the model loaded
+    r = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "none"), "--videos", str(split / "videos"),
+                                 "--media-root", str(root)])
+    assert r.exit_code == 2 and "is outside --media-root" in " ".join(r.output.split()) and len(backends) == 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import gzip
 import io
 import json
 import sys
@@ -422,6 +423,35 @@ def test_unpacking_a_crafted_pack_writes_nothing_outside_the_campaign(tmp_path):
     with pytest.raises(SystemExit, match="is a link"):
         archive.unpack(out, store)
     assert not any((tmp_path / "elsewhere").iterdir())
+
+
+def test_a_pack_of_many_members_is_refused_before_it_is_read_through(tmp_path):
+    """Members are counted as they are read: a pack holding more than a model's records is refused at
+    the first member past the bound (here the stream after it is broken, so reading on would fail
+    otherwise), so a pack of 300 k empty members costs what MAX_MEMBERS headers cost; a wrong first
+    member refuses the pack at once; a pax header declaring megabytes is refused by its size, unread."""
+    archive = _load_archive()
+    archive.MAX_MEMBERS = 100
+    store, out = tmp_path / "store", tmp_path / "runs" / "c"
+    (store / "c").mkdir(parents=True)
+    heads = b"".join(tarfile.TarInfo(f"rl/r{i:04d}/log.jsonl").tobuf(tarfile.USTAR_FORMAT) for i in range(150))
+    broken = gzip.compress(b"\0" * 4096)[:-20]  # a gzip stream cut short: EOFError if read
+    (store / "c" / "x.tar.gz").write_bytes(gzip.compress(heads) + broken)
+    with pytest.raises(SystemExit, match="more than 100 members"):
+        archive.unpack(out, store)
+    bad = tarfile.TarInfo("rl/r/sitecustomize.py").tobuf(tarfile.USTAR_FORMAT)
+    (store / "c" / "x.tar.gz").write_bytes(gzip.compress(bad + heads) + broken)
+    with pytest.raises(SystemExit, match="not a run record"):
+        archive.unpack(out, store)
+    pax = tarfile.TarInfo("././@PaxHeader")
+    pax.type, pax.size = tarfile.XHDTYPE, 16 << 20
+    (store / "c" / "x.tar.gz").write_bytes(gzip.compress(pax.tobuf(tarfile.USTAR_FORMAT) + b"\0" * (16 << 20)))
+    with pytest.raises(SystemExit, match="an extended header of 16777216 bytes"):
+        archive.unpack(out, store)
+    (store / "c" / "x.tar.gz").write_bytes(gzip.compress(heads[:512] * 2 + b"\0" * 1024))
+    with pytest.raises(SystemExit, match="in the pack twice"):
+        archive.unpack(out, store)
+    assert not out.exists() or not any(out.rglob("*.jsonl"))
 
 
 def _load_archive():

@@ -112,6 +112,33 @@ def test_leftovers_of_a_run_killed_with_its_guard_are_stopped(tmp_path):
     assert stop_leftovers(tmp_path) == []
 
 
+def test_a_copy_of_a_live_runs_folder_never_stops_the_runs_server(tmp_path):
+    """A live run's folder copied (cp -r, a backup, a new run started from a copy): the copy's pid file
+    names the original's live server, token and all; stop_leftovers in the copy leaves it running, says
+    so, and drops the copied file, while the original folder (renamed, even) still stops it."""
+    import shutil
+
+    run = tmp_path / "run"
+    run.mkdir()
+    proc, port, _ = start(run, "fork")
+    shutil.copytree(run, tmp_path / "copy")
+    lines = stop_leftovers(tmp_path / "copy", grace_s=2)
+    assert len(lines) == 1 and "left running" in lines[0] and f"port {port}" in lines[0]
+    assert proc.poll() is None and not port_is_free(port) and not (tmp_path / "copy" / "s.pid").exists()
+    old = json.loads((run / "s.pid").read_text())
+    (tmp_path / "copy" / "s.pid").write_text(json.dumps({k: v for k, v in old.items() if k != "folder"}))
+    assert "left running" in stop_leftovers(tmp_path / "copy", grace_s=2)[0]  # a record that names no folder
+    assert proc.poll() is None
+    run.rename(tmp_path / "moved")  # a rename keeps the folder: its own rerun still stops what it left
+    server = sorted(p for p in members(proc.pid) if p != proc.pid)[0]
+    os.kill(proc.pid, signal.SIGKILL)
+    os.kill(server, signal.SIGKILL)
+    proc.wait()
+    wait_until(lambda: len(members(proc.pid)) == 1, 5)  # the server's child is left, in the group
+    lines = stop_leftovers(tmp_path / "moved", grace_s=2)
+    assert len(lines) == 1 and "earlier run" in lines[0] and not members(proc.pid)
+
+
 def test_a_pid_file_of_a_finished_run_or_a_reused_group_id_stops_nothing(tmp_path):
     """A live group that took the id of a finished run's group, or that a crafted pid file names (run
     folders travel): it carries no guard's token, so it is never signalled, whatever the file says."""

@@ -200,6 +200,34 @@ def test_report_of_a_real_run(browser, run_dir, tmp_path):
     page.close()
 
 
+def test_a_sample_link_opens_its_sample_and_a_wrong_one_says_so(browser, run_dir, tmp_path):
+    """`#sample=RUN/ID` in the address opens that sample; a link cut or mistyped (not valid percent-
+    encoding, or naming no sample of the report) still gives the whole page, with one line saying the
+    link opened nothing."""
+    from urllib.parse import quote
+
+    from paravt.report import build_report
+
+    build_report([run_dir], tmp_path / "r.html", max_thumbs=0)
+    rid = rows_of(run_dir)[0]["id"]
+    for link, says in [("%E0%A4%A", "is not a valid one"), ("0/" + quote("nobody's <b>id</b>"), "holds no sample"),
+                       ("0/" + quote(rid, safe=""), None)]:
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        page.errors = []
+        page.on("pageerror", lambda e, page=page: page.errors.append(str(e)))
+        page.goto((tmp_path / "r.html").as_uri() + "#sample=" + link)
+        page.wait_for_selector("html[data-ready]", timeout=10000)
+        assert len(visible_ids(page)) == N and page.errors == [], link
+        note = page.query_selector(".rp-linknote")
+        opened = page.eval_on_selector_all("tr.rp-detail", "ds => ds.map(d => d.dataset.key)")
+        if says is None:
+            assert note is None and opened == ["0/" + rid]
+        else:
+            assert says in note.inner_text() and "no sample opened" in note.inner_text() and opened == []
+            assert page.query_selector(".rp-linknote b") is None  # the link's text is shown as text
+        page.close()
+
+
 def test_report_of_two_runs_and_without_videos(browser, run_dir, tmp_path, monkeypatch):
     """Two runs side by side; copies of a run moved away from their videos and split still give a
     page, with a note and no thumbnails."""

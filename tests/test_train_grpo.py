@@ -19,6 +19,7 @@ from paravt.train.config import ConfigError
 from paravt.train.grpo import (GRPOConfig, gate_k, group_advantages, ppo_loss, prompt_schedule, rollout_metrics,
                                rollout_seed, train_grpo)
 from paravt.train.logging import read_log
+from trainlogs import steps_in
 from paravt.train.sequences import ContinuationError, collate, episode_sequences, token_logprobs
 
 
@@ -378,6 +379,38 @@ def test_two_para_grpo_steps_then_resume(tiny_dir, rl_split, tmp_path):
     assert train_grpo(cfg, make_backend=ToolCallingHF)["step"] == 3  # resumed at 2
     assert [r["step"] for r in read_log(out)] == [1, 2, 3]
     assert {json.loads(l)["step"] for l in (out / "rollouts.jsonl").read_text().splitlines()} == {1, 2, 3}
+
+
+def test_ctrl_c_says_what_a_rerun_does_and_no_log_is_lost(tiny_dir, rl_split, tmp_path, ctrl_c):
+    """`paravt train grpo` stopped by Ctrl-C before its first checkpoint says there is none and a rerun
+    starts over; the rerun keeps the earlier log.jsonl and rollouts.jsonl whole beside its own. Stopped
+    after a checkpoint, it names that checkpoint's step (what a resume keeps: test_train_sft)."""
+    from typer.testing import CliRunner
+
+    from paravt.cli import app
+
+    out = tmp_path / "run"
+    base = ["train", "grpo", "-o", f"model={tiny_dir}", "-o", f"data={rl_split / 'rl.parquet'}", "-o", f"out={out}",
+            "-o", "prompts_per_step=1", "-o", "rollouts_per_prompt=2", "-o", "k_choices=[2]", "-o", "episode.max_turns=1",
+            "-o", "episode.max_new_tokens=4", "-o", "device=cpu", "-o", "threads=1", "-o", "save_every=10"]
+    ctrl_c["step"] = 1
+    r = CliRunner().invoke(app, [*base, "-o", "steps=2"])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 130 and "no checkpoint was written yet" in said and "starts over at step 1" in said, said
+    assert "checkpoint is kept" not in said and steps_in(out / "log.jsonl") == [1]
+    first_rollouts = (out / "rollouts.jsonl").read_text()
+
+    ctrl_c["step"] = None
+    r = CliRunner().invoke(app, [*base, "-o", "steps=2"])
+    assert r.exit_code == 0, r.output
+    assert steps_in(out / "log.jsonl") == [1, 2] and steps_in(out / "log.1.jsonl") == [1]  # the first run's, kept
+    assert (out / "rollouts.1.jsonl").read_text() == first_rollouts
+    assert "kept in log.1.jsonl" in " ".join(r.output.split())
+
+    ctrl_c["step"] = 3  # after step 3 is logged, before it is saved
+    r = CliRunner().invoke(app, [*base, "-o", "steps=3"])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 130 and "its checkpoint of step 2 is kept" in said and "resume from step 2" in said, said
 
 
 @pytest.mark.filterwarnings("error:Detected call of:UserWarning")  # a skipped first update still moves the lr on, silently

@@ -14,6 +14,7 @@ from paravt.train.config import ConfigError
 from paravt.train.logging import read_log
 from paravt.train.sft import SFTConfig, encode_row, sample_index, train_sft
 from paravt.video import VideoReader
+from trainlogs import steps_in
 from videotools import make_test_video
 
 
@@ -91,6 +92,44 @@ def test_two_steps_change_parameters_then_resume(split, tiny_dir, tmp_path):
     assert [rec["step"] for rec in read_log(tmp_path / "run")] == [1, 2, 3]
     assert list((tmp_path / "run" / "tb").glob("events.*"))
     json.loads((tmp_path / "run" / "config.json").read_text())
+
+
+def test_ctrl_c_before_the_first_checkpoint_says_so_and_the_rerun_keeps_the_log(split, tiny_dir, tmp_path, ctrl_c):
+    """`paravt train sft` stopped before its first checkpoint: the message says there is none and that a
+    rerun starts over, and the rerun keeps the stopped run's log.jsonl beside its own."""
+    from typer.testing import CliRunner
+
+    from paravt.cli import app
+
+    out = tmp_path / "run"
+    base = ["train", "sft", "-o", f"model={tiny_dir}", "-o", f"data={split / 'sft.parquet'}", "-o", f"out={out}",
+            "-o", "steps=2", "-o", "batch_size=1", "-o", "micro_batch_size=1", "-o", "log_every=1", "-o", "save_every=10",
+            "-o", "warmup_steps=0", "-o", "device=cpu", "-o", "threads=1"]
+    ctrl_c["step"] = 1
+    r = CliRunner().invoke(app, base)
+    said = " ".join(r.output.split())
+    assert r.exit_code == 130 and "no checkpoint was written yet" in said and "starts over at step 1" in said, said
+    before = (out / "log.jsonl").read_text()
+    assert steps_in(out / "log.jsonl") == [1]
+    ctrl_c["step"] = None
+    r = CliRunner().invoke(app, base)
+    assert r.exit_code == 0, r.output
+    assert steps_in(out / "log.jsonl") == [1, 2] and (out / "log.1.jsonl").read_text() == before
+
+
+def test_a_resume_keeps_a_log_whole_whatever_it_holds(tmp_path):
+    """Steps past the checkpoint and a line cut by a crash go from log.jsonl, into the kept copy; a log that
+    ends at the checkpoint is appended to as it is."""
+    from paravt.train.logging import resume_jsonl
+
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"step": 1}\n{"step": 2}\n')
+    assert resume_jsonl(log, 2) is None and steps_in(log) == [1, 2]
+    log.write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n{"st')
+    kept = resume_jsonl(log, 2)
+    assert kept == tmp_path / "log.1.jsonl" and kept.read_text().endswith('{"st') and steps_in(log) == [1, 2]
+    log.write_text('{"step": 1}\n{"step": 2}\n')
+    assert resume_jsonl(log, 0) == tmp_path / "log.2.jsonl" and log.read_text() == ""
 
 
 def test_stop_at_ends_the_run_early_on_the_full_schedule(split, tiny_dir, tmp_path):

@@ -292,8 +292,9 @@ def _train(kind: str, config: str | None, overrides: list[str]) -> None:
             last = run_training(kind, config, overrides)
     except (KeyboardInterrupt, Stop) as e:
         why = f"{e.args[0] if isinstance(e, Stop) and e.args else 'SIGINT'}"
-        typer.secho(f"{why}: the run stopped, and the servers it started with it; its last checkpoint is kept: "
-                    "rerun the same command to resume", fg=typer.colors.YELLOW, err=True)
+        note = getattr(e, "note", None) or "a rerun of the same command resumes from its checkpoint, if one was written"
+        typer.secho(f"{why}: the run stopped, and the servers it started with it; {note}", fg=typer.colors.YELLOW,
+                    err=True)
         raise typer.Exit(143 if why == "SIGTERM" else 130) from None
     except Exception as e:  # noqa: BLE001 - a long job's failure is one line; PARAVT_TRACEBACK=1 shows the stack
         if os.environ.get("PARAVT_TRACEBACK"):

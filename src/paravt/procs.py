@@ -18,11 +18,14 @@ can stop the guard, the server and its children together — a stopped (SIGSTOP)
 whose SIGTERM would otherwise wait until it is continued.
 
 Each started server is described by a pid file (JSON: the guard's pid, which is the group's id,
-the port, the command, the guard's start time, and a random token) so that a rerun can find and stop
-what a run killed together with its guards left behind (`stop_leftovers`). The token is also in the
-environment of the guard, the server and every child of theirs (TOKEN_ENV): a group is stopped only
-if one of its live processes carries the file's token, so a pid file from elsewhere (run folders
-travel) can name no group but a server this run's folder itself started.
+the port, the command, the guard's start time, a random token, and the identity of the folder the
+file was written in) so that a rerun can find and stop what a run killed together with its guards
+left behind (`stop_leftovers`). The token is also in the environment of the guard, the server and
+every child of theirs (TOKEN_ENV): a group is stopped only if one of its live processes carries the
+file's token, so a pid file from elsewhere (run folders travel) can name no group but a server this
+run's folder itself started; and only from the folder it was written in (its device and inode, which
+a rename keeps and a copy does not), so starting a copy of a live run's folder leaves the original
+run's servers alone.
 """
 
 from __future__ import annotations
@@ -83,9 +86,15 @@ def start_guarded(cmd: list[str], *, log, env: dict | None = None, pid_file: str
                             start_new_session=True)
     if pid_file is not None:
         record = {"pid": proc.pid, "pgid": proc.pid, "port": port, "cmd": cmd, "start": _start_ticks(proc.pid),
-                  "token": token}
+                  "token": token, "folder": _folder_id(Path(pid_file).parent)}
         Path(pid_file).write_text(json.dumps(record) + "\n")
     return proc
+
+
+def _folder_id(folder: Path) -> str:
+    """The folder itself, not its name: a rename keeps it, a copy is another."""
+    st = os.stat(folder)
+    return f"{st.st_dev}:{st.st_ino}"
 
 
 def stop_group(proc: subprocess.Popen, grace_s: float = GRACE_S) -> int | None:
@@ -107,8 +116,13 @@ def stop_group(proc: subprocess.Popen, grace_s: float = GRACE_S) -> int | None:
 
 def stop_leftovers(folder: str | Path, grace_s: float = GRACE_S) -> list[str]:
     """Stop the servers whose pid files in `folder` name a group that still runs (an earlier run's,
-    killed with its guards); remove the pid files. Returns what was stopped, one line each."""
+    killed with its guards) and were written in this very folder; remove the pid files. A pid file
+    written elsewhere (a copy of another run's folder, live or not) names that run's server: it is
+    never signalled, and said so. Returns what was stopped or left running, one line each."""
+    if not Path(folder).is_dir():
+        return []
     stopped = []
+    here = _folder_id(Path(folder))
     for f in sorted(Path(folder).glob("*.pid")):
         try:
             rec = json.loads(f.read_text())
@@ -119,6 +133,13 @@ def stop_leftovers(folder: str | Path, grace_s: float = GRACE_S) -> list[str]:
             f.unlink(missing_ok=True)  # an older format, a torn file or a crafted one: nothing to trust
             continue
         members = group_members(pgid, token=token)
+        if rec.get("folder") != here:
+            if members:
+                stopped.append(f"left running a server {f.name} names (process group {pgid}, port {port}): that file "
+                               "was written in another folder (this one a copy of a run's?), so the server is that "
+                               f"run's to stop (or `kill -- -{pgid}` if it is a leftover of yours)")
+            f.unlink(missing_ok=True)
+            continue
         if members:
             for sig in (signal.SIGTERM, signal.SIGCONT):
                 _signal_group(pgid, sig)

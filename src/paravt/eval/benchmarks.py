@@ -100,6 +100,16 @@ def _count(tally: dict[str, int], reason: str) -> None:
     tally[reason] = tally.get(reason, 0) + 1
 
 
+SUBTITLE_OUT = "its subtitle file is named outside the subtitle folder (an absolute path or `..`)"
+
+
+def _inside(name: str) -> bool:
+    """Whether a file name a row gives stays in the folder it is looked for in (docs/data.md): a
+    subtitle file is read at load time, before any media root could hold it."""
+    path = Path(name.replace("\\", "/"))
+    return not path.is_absolute() and ".." not in path.parts
+
+
 class VideoFinder:
     """Finds a sample's video under the user's video directories.
 
@@ -256,6 +266,9 @@ def _videomme(data: Path, finder: VideoFinder, out: Loaded, subtitles: bool) -> 
         answer = _check_letter(r["answer"], opts, where)
         sub = None
         if subtitles:
+            if not _inside(f"{vid}.srt"):
+                _count(out.skipped, SUBTITLE_OUT)
+                continue
             if vid not in subs:
                 subs[vid] = next((t for d in sub_dirs if (t := load_srt(d / f"{vid}.srt"))), None)
             sub = subs[vid]
@@ -317,6 +330,9 @@ def _longvideobench(data: Path, finder: VideoFinder, out: Loaded) -> Iterator[Sa
             raise BenchmarkError(f"{where}: not a LongVideoBench row ({type(e).__name__}: {e})") from None
         if not 0 <= choice < len(opts):
             raise BenchmarkError(f"{where}: correct_choice {choice} outside the {len(opts)} candidates")
+        if not _inside(key[0]):
+            _count(out.skipped, SUBTITLE_OUT)
+            continue
         if key not in subs:  # several questions share a video's subtitle file: read it once
             subs[key] = _lvb_subtitles(sub_dirs, *key, where)
         if subs[key] is None:

@@ -87,13 +87,43 @@ def _check_run_args(concurrency: int, limit: int | None, max_error_rate: float) 
         raise ValueError(f"--max-error-rate must be a fraction from 0 to 1, got {max_error_rate}")
 
 
+def _media_root(media_root: str | None, videos: str | None):
+    """The --media-root folder (checked before anything loads), or None."""
+    from pathlib import Path
+
+    if media_root is None:
+        return None
+    root = Path(media_root).expanduser()
+    if not root.is_dir():
+        raise ValueError(f"--media-root {media_root}: not a folder")
+    if videos is not None and not Path(videos).expanduser().resolve().is_relative_to(root.resolve()):
+        raise ValueError(f"--videos {videos} is outside --media-root {media_root}: no sample's video could be opened")
+    return root
+
+
+def _check_rows_under(console, root, samples) -> None:
+    """Before the model loads: refuse a run none of whose rows names a file under the media root (a
+    wrong --media-root), and say how many will be error rows. By the names only: what is opened is
+    decided sample by sample, when its episode opens the video (eval.media_root.held_video)."""
+    from paravt.eval.media_root import relative_to_root
+
+    outside = [s for s in samples if relative_to_root(root, s.video_path) is None]
+    if samples and len(outside) == len(samples):
+        raise ValueError(f"no sample's video is under --media-root {root} (first: {outside[0].video_path}): "
+                         "point --media-root at the folder holding the videos (docs/data.md)")
+    if outside:
+        console.print(f"{len(outside)} sample(s) name a video outside --media-root {root} (first: {outside[0].id} "
+                      f"-> {outside[0].video_path}): each is an error row, the others run", style="yellow",
+                      markup=False, highlight=False, soft_wrap=True)
+
+
 def eval_command(*, bench: str, data: str, videos: str | None, model: str | None, endpoints: str | None, mode: str,
                  out: str, limit: int | None, concurrency: int, frames: int, max_turns: int, max_parallel: int,
                  max_new_tokens: int, api_key: str | None, force: bool, retry_errors: bool = True,
                  keep_token_ids: bool = False, served_model: str | None = None, image_format: str = "png",
                  oe_metric: str = "f1", sample_timeout_s: float | None = 1800.0, progress: bool = True,
                  prompts: str = "paravt", timeout_s: float = 600.0, final_turn_think: bool = True,
-                 max_error_rate: float = 0.5, think_prefix: bool = True) -> dict:
+                 max_error_rate: float = 0.5, think_prefix: bool = True, media_root: str | None = None) -> dict:
     """Load the benchmark, build the backend(s), run, print the summary and the errors' causes.
     Returns the summary; exits 1 (typer.Exit) when the run failed (see run_failed): the rows
     written stay, and a rerun retries the failed samples."""
@@ -118,8 +148,11 @@ def eval_command(*, bench: str, data: str, videos: str | None, model: str | None
                           final_turn_think=final_turn_think, think_prefix=think_prefix)
         reward_cfg = RewardConfig(oe_metric=oe_metric)
         _check_run_args(concurrency, limit, max_error_rate)
+        root = _media_root(media_root, videos)
         loaded = load_benchmark(bench, data, videos)
         console.print(f"[bold]{bench}[/bold]: {len(loaded.samples)} samples with their video")
+        if root is not None:
+            _check_rows_under(console, root, loaded.samples)
         if loaded.missing:
             console.print(f"[yellow]{len(loaded.missing)} sample(s) skipped, video missing (first: "
                           f"{loaded.missing[0].id} -> {loaded.missing[0].looked_for}); list in "
@@ -142,7 +175,9 @@ def eval_command(*, bench: str, data: str, videos: str | None, model: str | None
                         loaded.samples, backend, cfg, out, concurrency=concurrency, limit=limit, progress=progress,
                         model=model_id, force=force, missing=loaded.missing, retry_errors=retry_errors,
                         reward_cfg=reward_cfg, keep_token_ids=keep_token_ids, sample_timeout_s=sample_timeout_s,
-                        manifest={"info": {"endpoints": endpoints, "data": str(data), "videos": videos}})
+                        manifest={"info": {"endpoints": endpoints, "data": str(data), "videos": videos,
+                                           **({"media_root": str(root)} if root is not None else {})}},
+                        media_root=root)
                 finally:
                     await backend.aclose()
 
@@ -201,6 +236,9 @@ def eval_run(
     retry_errors: bool = typer.Option(True, help="On resume, rerun samples whose row is an error."),
     keep_token_ids: bool = typer.Option(False, help="Keep token ids / logprobs in the traces (large)."),
     force: bool = typer.Option(False, help="Resume even if the run's settings changed."),
+    media_root: str = typer.Option(None, help="Open only videos under this folder: a data row naming any other "
+                                              "file (an absolute path, `..`, a link out) is that sample's error "
+                                              "row, the others run (docs/data.md)."),
 ) -> None:
     """Run an evaluation (resumable: rerun the same command to continue)."""
     if ctx.invoked_subcommand is not None:
@@ -213,7 +251,7 @@ def eval_run(
                  keep_token_ids=keep_token_ids, served_model=served_model, image_format=image_format,
                  oe_metric=oe_metric, sample_timeout_s=sample_timeout if sample_timeout > 0 else None,
                  prompts=prompts, timeout_s=timeout, final_turn_think=final_turn_think, max_error_rate=max_error_rate,
-                 think_prefix=think_prefix)
+                 think_prefix=think_prefix, media_root=media_root)
 
 
 @eval_app.command("report")

@@ -1,10 +1,10 @@
 """Concurrent, resumable evaluation over the one episode loop (paravt.agent.run_episode).
 
 Results are never lost: each finished sample is one JSON line appended to results.jsonl and
-fsynced before it is counted. A rerun reads what is there and skips it (error rows are retried
-unless told otherwise); a line torn by a crash mid-write is cut off and that sample redone. A
-manifest pins the settings that change results (benchmark, model, episode config, scoring), so a
-resume never mixes two configurations unless forced. Several backends (or one OpenAI backend over
+fsynced before it is counted (paravt.eval.results). A rerun reads what is there and skips it (error
+rows are retried unless told otherwise); a line torn by a crash mid-write is cut off and that sample
+redone. A manifest pins the settings that change results (benchmark, model, episode config, scoring),
+so a resume never mixes two configurations unless forced. Several backends (or one OpenAI backend over
 several endpoints) are used at once: each episode goes to the least busy one.
 
 The model server is checked before the run (a dead one fails it at once, nothing written), and
@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from collections import deque
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -32,13 +30,15 @@ from typing import Any, Callable, Sequence
 from paravt.agent import Episode, EpisodeConfig, run_episode
 from paravt.backends.base import Backend, BackendError
 from paravt.eval.benchmarks import BENCHMARKS, MissingVideo, Sample
+from paravt.eval.media_root import held_video
 from paravt.eval.metrics import markdown, normalized_prediction, score_prediction, summarize
+from paravt.eval.results import (RESULTS, OutputError, ResultWriter, disk_errors, latest_rows, read_results,
+                                 write_text, write_text_atomic)
 from paravt.eval.run_dir import RunLock, input_digest, inputs_changed
 from paravt.backends.reachable import check_servers, outage
 from paravt.rewards import RewardConfig
 from paravt.video import VideoError
 
-RESULTS = "results.jsonl"
 MANIFEST = "manifest.json"
 
 
@@ -51,42 +51,6 @@ class EvalAborted(RuntimeError):
     writing an error row for every remaining sample."""
 
 
-class OutputError(RuntimeError):
-    """A file of the run directory could not be read or written; the message is `<path>: <cause>`."""
-
-    def __init__(self, path: str | Path, err: OSError):
-        self.path, self.err = Path(path), err
-        super().__init__(f"{path}: {err.strerror or err}")
-
-
-@contextmanager
-def disk_errors(path: str | Path):
-    """Turn an OSError on `path` (ENOSPC, EFBIG, EACCES, EROFS, ...) into an OutputError naming it."""
-    try:
-        yield
-    except OSError as e:
-        raise OutputError(path, e) from None
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Replace `path` by `text` whole or not at all (a manifest cut short would block the resume)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with disk_errors(path):
-        try:
-            with open(tmp, "w") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-
-
-def write_text(path: Path, text: str) -> None:
-    with disk_errors(path):
-        path.write_text(text)
-
-
 def eval_config(**overrides: Any) -> EpisodeConfig:
     """The paper's evaluation protocol: greedy, 2048 new tokens per turn, K = 64
     overview frames, 3 rounds with the last one a forced answer, 5 calls a turn. The forced turn
@@ -96,98 +60,6 @@ def eval_config(**overrides: Any) -> EpisodeConfig:
                                 max_parallel=5, answer_max_new_tokens_mcq=64, answer_max_new_tokens_tvg=128)
     base.update({k: v for k, v in overrides.items() if v is not None})
     return EpisodeConfig(**base)
-
-
-# ----------------------------------------------------------------------------------------------
-# results.jsonl
-
-
-def read_results(path: str | Path, repair: bool = True) -> list[dict]:
-    """Every complete row of results.jsonl, in file order.
-
-    A last line without its newline is the trace of a crash mid-write: cut off (repair=True) so
-    the next append starts on a fresh line; if it happens to be complete JSON it is kept and its
-    newline restored. A garbled line inside the file is skipped, never a reason to drop the rows
-    after it."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    with disk_errors(path):
-        data = path.read_bytes()
-    rows: list[dict] = []
-    cut = len(data) if not data or data.endswith(b"\n") else data.rfind(b"\n") + 1
-    body, tail = data[:cut], data[cut:]
-    for line in body.split(b"\n"):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    if tail:
-        try:
-            rows.append(json.loads(tail))
-            fix = "newline"
-        except json.JSONDecodeError:
-            fix = "truncate"
-        if repair:
-            with disk_errors(path), open(path, "r+b") as f:
-                if fix == "truncate":
-                    f.truncate(len(data) - len(tail))
-                else:
-                    f.seek(0, os.SEEK_END)
-                    f.write(b"\n")
-                f.flush()
-                os.fsync(f.fileno())
-    return [r for r in rows if isinstance(r, dict) and "id" in r]
-
-
-def latest_rows(rows: list[dict]) -> dict[str, dict]:
-    """One row per sample id: the last one written (a retried sample's newest result)."""
-    out: dict[str, dict] = {}
-    for r in rows:
-        out[str(r["id"])] = r
-    return out
-
-
-class ResultWriter:
-    """Appends rows to results.jsonl, each fsynced before `write` returns. A failed write is cut
-    back off the file (when the file system allows) and every later write raises the same
-    OutputError: after a failure nothing more is written."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        with disk_errors(path):
-            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self._lock = asyncio.Lock()
-        self.failed: OutputError | None = None
-
-    def _write(self, data: bytes) -> None:
-        end = os.lseek(self._fd, 0, os.SEEK_END)
-        try:
-            view = memoryview(data)
-            while view:  # unbuffered: nothing is left in a buffer to be flushed (or fail) later
-                view = view[os.write(self._fd, view):]
-            os.fsync(self._fd)
-        except OSError as e:
-            try:
-                os.ftruncate(self._fd, end)  # no torn row (a resume would also cut it off)
-            except OSError:
-                pass
-            raise OutputError(self.path, e) from None
-
-    async def write(self, row: dict) -> None:
-        data = (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
-        async with self._lock:  # one writer at a time; the fsync runs off the event loop
-            if self.failed is not None:
-                raise self.failed
-            try:
-                await asyncio.to_thread(self._write, data)
-            except OutputError as e:
-                self.failed = e
-                raise
-
-    def close(self) -> None:
-        os.close(self._fd)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -302,15 +174,17 @@ def sample_row(s: Sample, ep: Episode | None, error: str | None, latency_s: floa
 
 
 async def _run_sample(pool: _Pool, s: Sample, cfg: EpisodeConfig, reward_cfg: RewardConfig,
-                      keep_ids: bool, timeout_s: float | None) -> tuple[dict, bool]:
-    """(row, backend_failed). Failures of the sample's own video or of the model, and a sample
-    that outlives `timeout_s`, become an error row; anything else is a bug and propagates."""
+                      keep_ids: bool, timeout_s: float | None, media_root: Path | None = None) -> tuple[dict, bool]:
+    """(row, backend_failed). Failures of the sample's own video (one outside `media_root` too) or
+    of the model, and a sample that outlives `timeout_s`, become an error row; anything else is a bug
+    and propagates."""
     i = pool.take()
     t0 = time.perf_counter()
     ep, error, backend_failed, detail = None, None, False, None
     try:
+        video = await asyncio.to_thread(held_video, media_root, s.video_path)  # where a row's video is opened
         ep = await asyncio.wait_for(
-            run_episode(pool.backends[i], s.video_path, s.question, cfg, question_type=s.question_type,
+            run_episode(pool.backends[i], video, s.question, cfg, question_type=s.question_type,
                         subtitles=s.subtitles), timeout_s)
     except VideoError as e:
         error = f"VideoError: {e}"
@@ -358,6 +232,21 @@ def _run_manifest(bench, model, config: EpisodeConfig, reward_cfg: RewardConfig,
                      "missing_videos": n_missing, **extra.get("info", {})}}
 
 
+def finished_ids(done: dict[str, dict], targets: Sequence[Sample], retry_errors: bool) -> tuple[set[str], int]:
+    """The ids whose rows stand (not an error to retry, the same inputs as now), and how many rows
+    were left for their sample's inputs having changed."""
+    finished, changed = set(), 0
+    for s in targets:
+        row = done.get(s.id)
+        if row is None or (retry_errors and row.get("error")):
+            continue
+        if inputs_changed(row, s):
+            changed += 1
+        else:
+            finished.add(s.id)
+    return finished, changed
+
+
 async def _preflight(out: Path, man: dict, pool: "_Pool", targets: list, missing: Sequence[MissingVideo],
                      force: bool, retry_errors: bool) -> None:
     """Servers checked (only when samples are left to run), the folder made, the manifest matched,
@@ -389,6 +278,124 @@ class _Tally:
         return f"score {100 * self.score / max(self.n, 1):.1f}% · errors {self.err}"
 
 
+@dataclass
+class _Run:
+    """One run's shared state. Its workers take samples from `todo`, write each row before it counts,
+    and take no more once `stop` is set: a failed write, `stop_after` rows, or `max_streak` samples in
+    a row on which the model failed (a dead server)."""
+
+    pool: _Pool
+    config: EpisodeConfig
+    reward_cfg: RewardConfig
+    keep_ids: bool
+    timeout_s: float | None
+    todo: deque
+    writer: ResultWriter
+    tally: _Tally
+    stop_after: int | None
+    max_streak: int
+    media_root: Path | None = None
+    prog: Any = None
+    task: Any = None
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    new: int = 0
+    claimed: int = 0
+    streak: int = 0
+    last_error: str = ""
+
+    @property
+    def aborted(self) -> bool:
+        return self.streak >= self.max_streak
+
+    def stop_writing(self, e: OutputError) -> None:
+        """Stop taking samples; the episodes in flight end on their own (see the module docstring)."""
+        if not self.stop.is_set() and self.prog is not None:
+            from rich.markup import escape
+
+            self.prog.update(self.task, status=f"[red]cannot write {escape(str(e))}[/red]: ending the episodes "
+                                               "in flight")
+        self.stop.set()
+
+    async def worker(self) -> None:
+        while self.todo and not self.stop.is_set():
+            s = self.todo.popleft()
+            row, backend_failed = await _run_sample(self.pool, s, self.config, self.reward_cfg, self.keep_ids,
+                                                    self.timeout_s, self.media_root)
+            if self.stop_after is not None:
+                if self.claimed >= self.stop_after:
+                    return  # simulated kill: what was in flight is lost, as in a real one
+                self.claimed += 1  # claimed before the write yields, so two workers cannot both pass
+            try:
+                await self.writer.write(row)  # on disk before it counts
+            except OutputError as e:
+                self.stop_writing(e)
+                return
+            self._count(row, backend_failed)
+
+    def _count(self, row: dict, backend_failed: bool) -> None:
+        self.new += 1
+        self.tally.add(row)
+        self.streak = self.streak + 1 if backend_failed else 0
+        if backend_failed:
+            self.last_error = row["error"]
+        if self.prog is not None:
+            self.prog.update(self.task, advance=1, status=self.tally.status())
+        if (self.stop_after is not None and self.new >= self.stop_after) or self.aborted:
+            self.stop.set()
+
+
+def _open_pool(backends: BackendsArg) -> tuple[_Pool, bool]:
+    """(the pool, whether its backends were made here from a factory and are to be closed here)."""
+    created = not isinstance(backends, Backend) and callable(backends)
+    made = backends() if created else backends
+    pool = _Pool([made] if isinstance(made, Backend) else list(made))
+    if not pool.backends:
+        raise ValueError("no backend given")
+    return pool, created
+
+
+async def _close_pool(pool: _Pool, created: bool) -> None:
+    if created:
+        for b in pool.backends:
+            await b.aclose()
+
+
+async def _run_workers(run: _Run, n: int) -> None:
+    """`n` workers until the samples are done or the run stops; an exception in one (a bug in a
+    sample) stops the others before it propagates, so the file is closed after every write ended."""
+    tasks = [asyncio.create_task(run.worker()) for _ in range(n)]
+    try:
+        finished_tasks, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for t in finished_tasks:
+            if t.exception() is not None:
+                raise t.exception()
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def _drive(run: _Run, progress: Any, title: str, total: int, concurrency: int, changed: int) -> None:
+    """The run's samples through its workers, under a progress bar when asked; closes the results file."""
+    prog, own_prog = _make_progress(progress)
+    try:
+        if prog is not None:
+            if own_prog:
+                prog.start()
+            run.prog = prog
+            run.task = prog.add_task(title, total=total, completed=total - len(run.todo), status=run.tally.status())
+            if changed:
+                prog.console.print(f"[yellow]{changed} sample(s) changed since they were scored (question, answer "
+                                   "or video): running them again[/yellow]")
+        await _run_workers(run, min(concurrency, max(len(run.todo), 1)))
+    finally:
+        run.writer.close()
+        if own_prog:
+            prog.stop()
+
+
 async def run_eval_async(
     samples: Sequence[Sample],
     backends: BackendsArg,
@@ -408,6 +415,7 @@ async def run_eval_async(
     max_consecutive_backend_errors: int = 20,
     sample_timeout_s: float | None = 1800.0,
     stop_after: int | None = None,
+    media_root: str | Path | None = None,
 ) -> dict:
     """Evaluate `samples[:limit]` into out_dir; returns the summary (also written as
     summary.json / summary.md).
@@ -418,10 +426,10 @@ async def run_eval_async(
     sample_timeout_s: an episode running longer becomes an error row (retried on rerun) instead
     of stalling the run.
     stop_after: end the run after that many new rows (tests use it to simulate a kill).
+    media_root: open only videos under this folder (eval.media_root); a row naming another file is
+    that sample's error row.
     When samples are left to run, each backend's model servers are checked first (servers.py): a
     backend none of whose servers answers raises BackendError before anything is written."""
-    # Longer than the guide's 80 lines: the workers below are closures over one run's state (the
-    # queue, the writer, the tally, the stop event); the set-up before them lives in helpers.
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     if limit is not None and limit < 0:
@@ -431,118 +439,35 @@ async def run_eval_async(
     targets = list(samples[:limit] if limit is not None else samples)
     bench = targets[0].bench if targets else (samples[0].bench if samples else (manifest or {}).get("bench"))
     man = _run_manifest(bench, model, config, reward_cfg, manifest, len(samples), len(missing))
-    results = out / RESULTS
-    created = not isinstance(backends, Backend) and callable(backends)
-    made = backends() if created else backends
-    pool = _Pool([made] if isinstance(made, Backend) else list(made))
-    if not pool.backends:
-        raise ValueError("no backend given")
+    pool, created = _open_pool(backends)
     try:  # before anything is written: a dead server fails the run at once, with its cause
         await _preflight(out, man, pool, targets, missing, force, retry_errors)
-        lock = RunLock(out).acquire()  # one run writes here at a time; released in the finally below
+        lock = RunLock(out).acquire()  # one run writes here at a time
     except BaseException:
-        if created:
-            for b in pool.backends:
-                await b.aclose()
+        await _close_pool(pool, created)
         raise
-
-    done = latest_rows(read_results(results))
-    finished, changed = finished_ids(done, targets, retry_errors)
-    todo = deque(s for s in targets if s.id not in finished)
-    prog, own_prog = _make_progress(progress)
-    task = None
-    tally = _Tally()
-    for s in targets:
-        if s.id in finished:
-            tally.add(done[s.id])
-    status = tally.status
-    if prog is not None:
-        if own_prog:
-            prog.start()
-        task = prog.add_task(f"{bench} · {config.mode}", total=len(targets), completed=len(targets) - len(todo),
-                             status=status())
-    writer = ResultWriter(results)
-    stop = asyncio.Event()
-    state = {"new": 0, "claimed": 0, "backend_fail_streak": 0, "last_error": ""}
-
-    def stop_writing(e: OutputError) -> None:
-        """Stop taking samples; the episodes in flight end on their own (see the module docstring)."""
-        if not stop.is_set() and prog is not None:
-            from rich.markup import escape
-
-            prog.update(task, status=f"[red]cannot write {escape(str(e))}[/red]: ending the episodes in flight")
-        stop.set()
-
-    async def worker() -> None:
-        while todo and not stop.is_set():
-            s = todo.popleft()
-            row, backend_failed = await _run_sample(pool, s, config, reward_cfg, keep_token_ids, sample_timeout_s)
-            if stop_after is not None:
-                if state["claimed"] >= stop_after:
-                    return  # simulated kill: what was in flight is lost, as in a real one
-                state["claimed"] += 1  # claimed before the write yields, so two workers cannot both pass
-            try:
-                await writer.write(row)  # on disk before it counts
-            except OutputError as e:
-                stop_writing(e)
-                return
-            state["new"] += 1
-            tally.add(row)
-            state["backend_fail_streak"] = state["backend_fail_streak"] + 1 if backend_failed else 0
-            if backend_failed:
-                state["last_error"] = row["error"]
-            if prog is not None:
-                prog.update(task, advance=1, status=status())
-            if stop_after is not None and state["new"] >= stop_after:
-                stop.set()
-            if state["backend_fail_streak"] >= max_consecutive_backend_errors:
-                stop.set()
-
-    if changed and prog is not None:
-        prog.console.print(f"[yellow]{changed} sample(s) changed since they were scored (question, answer or "
-                           "video): running them again[/yellow]")
-    tasks = [asyncio.create_task(worker()) for _ in range(min(concurrency, max(len(todo), 1)))]
     try:
-        finished_tasks, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        for t in pending:  # a bug in one sample: stop the others before closing the file
-            t.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        for t in finished_tasks:
-            if t.exception() is not None:
-                raise t.exception()
+        done = latest_rows(read_results(out / RESULTS))
+        finished, changed = finished_ids(done, targets, retry_errors)
+        tally = _Tally()
+        for s in targets:
+            if s.id in finished:
+                tally.add(done[s.id])
+        run = _Run(pool, config, reward_cfg, keep_token_ids, sample_timeout_s,
+                   deque(s for s in targets if s.id not in finished), ResultWriter(out / RESULTS), tally, stop_after,
+                   max_consecutive_backend_errors, Path(media_root) if media_root is not None else None)
+        await _drive(run, progress, f"{bench} · {config.mode}", len(targets), concurrency, changed)
     finally:
-        for t in tasks:
-            t.cancel()
-        writer.close()
         lock.release()
-        if own_prog:
-            prog.stop()
-        if created:
-            for b in pool.backends:
-                await b.aclose()
-    if writer.failed is not None:
-        raise writer.failed
-    if state["backend_fail_streak"] >= max_consecutive_backend_errors:
-        raise EvalAborted(f"the model failed on {state['backend_fail_streak']} samples in a row (last: "
-                          f"{state['last_error']}); results so far are in {results}; rerun to resume")
+        await _close_pool(pool, created)
+    if run.writer.failed is not None:
+        raise run.writer.failed
+    if run.aborted:
+        raise EvalAborted(f"the model failed on {run.streak} samples in a row (last: {run.last_error}); results so "
+                          f"far are in {out / RESULTS}; rerun to resume")
     events = [e for b in pool.backends for e in getattr(b, "endpoint_events", [])]
     return write_summary(out, [s.id for s in targets], bench=bench, missing=len(missing), endpoint_events=events,
                          inputs_changed=changed)
-
-
-def finished_ids(done: dict[str, dict], targets: Sequence[Sample], retry_errors: bool) -> tuple[set[str], int]:
-    """The ids whose rows stand (not an error to retry, the same inputs as now), and how many rows
-    were left for their sample's inputs having changed."""
-    finished, changed = set(), 0
-    for s in targets:
-        row = done.get(s.id)
-        if row is None or (retry_errors and row.get("error")):
-            continue
-        if inputs_changed(row, s):
-            changed += 1
-        else:
-            finished.add(s.id)
-    return finished, changed
 
 
 def write_summary(out: str | Path, ids: Sequence[str] | None = None, bench: str | None = None,

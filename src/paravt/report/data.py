@@ -11,7 +11,7 @@ from typing import Callable
 
 from paravt.eval.metrics import headline
 from paravt.eval.report import Run, wilson_interval
-from paravt.eval.runner import RESULTS, latest_rows, read_results
+from paravt.eval.results import RESULTS, latest_rows, read_results
 
 CORRECT_IOU = 0.5  # a grounding answer counts as right from this IoU on (R@0.5)
 INTERN_MIN_CHARS = 120  # prompt texts at least this long are stored once per page (see Interner)

@@ -2,15 +2,34 @@
 
 from __future__ import annotations
 
+from paravt.procs import Stop
+
+
+class RunStopped(Stop):
+    """A run stopped by Ctrl-C or SIGTERM; `note` says what rerunning its command does (resume from its
+    checkpoint, or start over where none was written yet)."""
+
+    def __init__(self, why: str, note: str):
+        super().__init__(why)
+        self.note = note
+
 
 def run_training(kind: str, config: str | None, overrides: list[str] | None = None) -> dict:
-    """Load the config of `kind` ("sft" | "grpo") and train; returns the last step's metrics."""
+    """Load the config of `kind` ("sft" | "grpo") and train; returns the last step's metrics. A stop
+    (KeyboardInterrupt, procs.Stop) comes out as RunStopped."""
     if kind == "sft":
         from paravt.train.sft import SFTConfig, train_sft
 
-        return train_sft(SFTConfig.load(config, overrides))
-    if kind == "grpo":
+        cfg, train = SFTConfig.load(config, overrides), train_sft
+    elif kind == "grpo":
         from paravt.train.grpo import GRPOConfig, train_grpo
 
-        return train_grpo(GRPOConfig.load(config, overrides))
-    raise ValueError(f"unknown training kind {kind!r}; expected sft or grpo")
+        cfg, train = GRPOConfig.load(config, overrides), train_grpo
+    else:
+        raise ValueError(f"unknown training kind {kind!r}; expected sft or grpo")
+    try:
+        return train(cfg)
+    except (KeyboardInterrupt, Stop) as e:
+        from paravt.train.checkpoint import rerun_note
+
+        raise RunStopped(e.args[0] if isinstance(e, Stop) and e.args else "SIGINT", rerun_note(cfg.out)) from None

@@ -111,6 +111,23 @@ def has_checkpoint(out: str | Path) -> bool:
     return find_checkpoint(out) is not None
 
 
+def rerun_note(out: str | Path) -> str:
+    """What rerunning the command of a stopped run does, said as it is: resume from the checkpoint
+    there, or start over where none was written yet."""
+    found = find_checkpoint(out)
+    if found is None:
+        log = Path(out) / "log.jsonl"
+        kept = (" (the log so far is kept beside the new one, as log.1.jsonl or the next free number)"
+                if log.is_file() and log.stat().st_size else "")
+        return f"no checkpoint was written yet, so a rerun of the same command starts over at step 1{kept}"
+    try:
+        step = int((found / COMPLETE_FILE).read_text().strip())
+    except (OSError, ValueError):  # a checkpoint of an earlier version: no marker to read the step from
+        return f"its last checkpoint is kept ({found}): rerun the same command to resume from it"
+    return (f"its checkpoint of step {step} is kept ({found}): rerun the same command to resume from step {step} "
+            "(the steps after it run again)")
+
+
 def _remove(d: Path) -> None:
     """Delete a checkpoint directory, its state and marker first, so a delete cut short never
     leaves something that looks complete. A directory a run did not write is never deleted."""

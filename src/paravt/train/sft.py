@@ -388,7 +388,7 @@ def _train_sft(cfg: SFTConfig, console=None) -> dict:
     model, base, processor, params, opt, sched, step = _start_run(cfg, engine, console)
     renderer = Renderer(processor)
     share_with = renderer if shares_prompts(model, cfg.packing, engine.mixed_precision == "bf16") else None
-    log = RunLogger(out, "sft", resume_step=step, enabled=engine.main)
+    log = RunLogger(out, "sft", resume_step=step, enabled=engine.main, console=console)
     readers = _Readers()
     per_rank = cfg.batch_size // world
     last: dict = {}

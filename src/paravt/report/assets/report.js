@@ -3,7 +3,7 @@
  * embedded in <script id="paravt-report-data">, draws each run's summary, the runs side by side,
  * and the table of samples (sortable, filterable); a click on a row opens its episode view
  * (episode.js), the same sample of every run side by side. #sample=RUN/ID in the address opens
- * one on load. No network, no dependencies.
+ * one on load (a link naming no sample says so above the table). No network, no dependencies.
  *
  * Data: {title, generated, notes[], max_thumbs, texts[] (long prompt texts, stored once),
  *        runs[]: {label, bench, model, mode, k, n, metric, score, ci[lo, hi], errors, error_rate,
@@ -282,6 +282,18 @@
     }};
   }
 
+  function sampleLink(hash) {
+    // #sample=RUN/ID: {key} of a sample of this report, {problem} for a link that names none, {} for no link
+    var m = /^#sample=(.*)$/.exec(hash || "");
+    if (!m) return {};
+    var key;
+    try { key = decodeURIComponent(m[1]); } catch (e) {
+      return {problem: "The address's #sample= link (" + short(m[1], 80) + ") is not a valid one: no sample opened."};
+    }
+    if (byKey[key]) return {key: key};
+    return {problem: "This report holds no sample " + short(key, 120) + " (the address's #sample= link): no sample opened."};
+  }
+
   function toggle(s) {
     open[s._key] = !open[s._key];
     if (!open[s._key]) delete open[s._key];
@@ -320,10 +332,12 @@
     filters(), el("div", {class: "rp-scroll"}, table)]));
   table.appendChild(header());
   table.appendChild(tbody);
-  var m = /^#sample=(.+)$/.exec(location.hash);
-  if (m && byKey[decodeURIComponent(m[1])]) open[decodeURIComponent(m[1])] = true;
+  var link = sampleLink(location.hash);
+  if (link.key) open[link.key] = true;
+  if (link.problem) table.parentNode.parentNode.insertBefore(
+    el("div", {class: "rp-linknote", role: "alert", text: link.problem}), table.parentNode);
   draw();
-  if (m) {
+  if (link.key) {
     var first = tbody.querySelector("tr.rp-detail");
     if (first) first.previousSibling.scrollIntoView({block: "start"});
   }

@@ -240,15 +240,17 @@ def _start_rollouts(t: _Trainer, source: str, make_backend) -> None:
 
 
 def _open_logs(t: _Trainer) -> None:
-    """OUT/config.json, log.jsonl and TensorBoard (train.logging), rollouts.jsonl (cut back to the
-    resumed step: the steps after it are rolled out again)."""
-    from paravt.train.logging import RunLogger
+    """OUT/config.json, log.jsonl and TensorBoard (train.logging), rollouts.jsonl (back to the resumed
+    step, the steps after it rolled out again; the earlier file kept whole: train.logging.resume_jsonl)."""
+    from paravt.train.logging import RunLogger, resume_jsonl, resume_note
 
     if t.engine.main:
         t.out.mkdir(parents=True, exist_ok=True)
         (t.out / "config.json").write_text(json.dumps(to_dict(t.cfg), indent=1))
-        _truncate_jsonl(t.out / "rollouts.jsonl", t.run.step)
-    t.log = RunLogger(t.out, "grpo", resume_step=t.run.step, enabled=t.engine.main)
+        kept_in = resume_jsonl(t.out / "rollouts.jsonl", t.run.step)
+        if kept_in is not None:
+            t.console.print(f"[dim]{resume_note(t.out / 'rollouts.jsonl', kept_in, t.run.step)}[/dim]", highlight=False)
+    t.log = RunLogger(t.out, "grpo", resume_step=t.run.step, enabled=t.engine.main, console=t.console)
     t.rollout_file = open(t.out / "rollouts.jsonl", "a") if t.engine.main and t.cfg.log_rollouts else None
 
 
@@ -488,15 +490,3 @@ def _save(cfg: GRPOConfig, out: Path, model, processor, sched, opt, engine, run:
             snapshot(final, out / "best")
             (out / "best" / "best.json").write_text(json.dumps({"step": run.step, cfg.keep_best: value}))
 
-
-def _truncate_jsonl(path: Path, step: int) -> None:
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line).get("step", 0) <= step:
-                kept.append(line)
-        except json.JSONDecodeError:
-            continue
-    path.write_text("".join(k + "\n" for k in kept))
