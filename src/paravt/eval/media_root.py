@@ -31,19 +31,20 @@ def relative_to_root(root: Path, video_path: str) -> str | None:
 def held_video(root: Path | None, video_path: str) -> str:
     """The file a sample's episode opens for the row's `video_path`: the path itself without a media
     root; with one, the file the media-root rule resolves it to under `root`, or VideoError naming the
-    row's path (every row so refused reads alike, so the summary counts them as one cause)."""
+    row's path (every row so refused reads alike, so the summary counts them as one cause). The
+    sample's reader then opens it with the root held (VideoReader's media_root), so a link swapped in
+    after this check is refused too."""
     if root is None:
         return video_path
     refused = VideoError(f"{video_path} is outside --media-root {root}: a data row may name only files under it")
     rel = relative_to_root(root, video_path)
     if rel is None:
         raise refused
-    from paravt.app.media import resolve_media
-    from paravt.app.settings import AppError
+    from paravt.video.media import MediaRootError, resolve_media
 
     try:
-        return str(resolve_media(root, rel))  # the shared media-root rule: the one check of a row's video
-    except AppError as e:
-        if e.status == 403:
+        return str(resolve_media(root, rel))  # the shared media-root rule: the one check of a row's name
+    except MediaRootError as e:
+        if e.outside:
             raise refused from None
         raise VideoError(f"{video_path}: no video file there under --media-root {root}") from None

@@ -37,7 +37,7 @@ from paravt.eval.results import (RESULTS, OutputError, ResultWriter, disk_errors
 from paravt.eval.run_dir import RunLock, input_digest, inputs_changed
 from paravt.backends.reachable import check_servers, outage
 from paravt.rewards import RewardConfig
-from paravt.video import VideoError
+from paravt.video import VideoError, VideoReader
 
 MANIFEST = "manifest.json"
 
@@ -183,9 +183,15 @@ async def _run_sample(pool: _Pool, s: Sample, cfg: EpisodeConfig, reward_cfg: Re
     ep, error, backend_failed, detail = None, None, False, None
     try:
         video = await asyncio.to_thread(held_video, media_root, s.video_path)  # where a row's video is opened
-        ep = await asyncio.wait_for(
-            run_episode(pool.backends[i], video, s.question, cfg, question_type=s.question_type,
-                        subtitles=s.subtitles), timeout_s)
+        if media_root is not None:  # opened here, checked as opened: the episode reads this descriptor
+            video = await asyncio.to_thread(VideoReader, video, timeout_s=cfg.model_timeout_s, media_root=media_root)
+        try:
+            ep = await asyncio.wait_for(
+                run_episode(pool.backends[i], video, s.question, cfg, question_type=s.question_type,
+                            subtitles=s.subtitles), timeout_s)
+        finally:
+            if isinstance(video, VideoReader):
+                video.close()
     except VideoError as e:
         error = f"VideoError: {e}"
     except BackendError as e:
