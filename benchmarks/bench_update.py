@@ -321,10 +321,8 @@ def main() -> None:
         if cuda:
             torch.cuda.synchronize()
     wall, cpu = time.perf_counter() - t, time.process_time() - cpu
-    from paravt.train.sequences import plan_micro_batches
-
+    from paravt.train.batches import plan_micro_batches, shares_prompts
     from paravt.train.prompt_sharing import plan
-    from paravt.train.sequences import shares_prompts
 
     share = shares_prompts(model, cfg.packing, cfg.mixed_precision == "bf16")  # as the update planned its passes
     groups = plan_micro_batches(mine, cfg.packing, cfg.micro_batch_size, cfg.token_budget, renderer if share else None)

@@ -19,7 +19,9 @@ from paravt.train.config import ConfigError
 from paravt.train.grpo import (GRPOConfig, gate_k, group_advantages, ppo_loss, prompt_schedule, rollout_metrics,
                                rollout_seed, train_grpo)
 from paravt.train.logging import read_log
-from paravt.train.sequences import ContinuationError, collate, episode_sequences, token_logprobs
+from paravt.train.batches import collate
+from paravt.train.logprobs import token_logprobs
+from paravt.train.sequences import ContinuationError, episode_sequences
 
 
 @pytest.fixture(scope="module")

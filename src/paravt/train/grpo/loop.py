@@ -38,7 +38,9 @@ from paravt.train.grpo.rollouts import collect_rollouts, episode_record, rollout
 from paravt.train.grpo.schedule import Job, load_samples
 from paravt.train.grpo.servers import async_metrics, start_producer, start_servers, sync_weights
 from paravt.train.grpo.update import reference_logprobs, token_advantages, update_policy
-from paravt.train.sequences import TrainSequence
+from paravt.train.kernels import liger_kernels
+from paravt.train.sequences import TrainSequence, episode_sequences
+from paravt.train.vision_cache import step_features
 
 if TYPE_CHECKING:
     from paravt.agent import Episode
@@ -284,10 +286,14 @@ def _step(t: _Trainer) -> dict:
     if not engine.all_max(len(seqs)):
         why = f" (first: {dropped[0]})" if dropped else ""
         raise RuntimeError(f"step {step + 1}: no trainable sequences: every group was dropped{why}")
-    kl_stats = _advantage_stage(t, seqs)
-    t1 = time.perf_counter()
-    upd = {**_update_stage(t, seqs, step), **kl_stats}
-    update_s = time.perf_counter() - t1
+    # the update's switches (docs/gpu.md): Liger's kernels on the policy's and the reference's passes,
+    # and a frozen vision tower's features computed once for every pass of the step
+    with liger_kernels(t.model, t.ref, parts=cfg.liger), \
+            step_features(t.model, t.ref, enabled=cfg.vision_cache) as vision:
+        kl_stats = _advantage_stage(t, seqs, vision)
+        t1 = time.perf_counter()
+        upd = {**_update_stage(t, seqs, step, vision), **kl_stats}
+        update_s = time.perf_counter() - t1
     run.step = step = step + 1
     run.nonfinite_streak = run.nonfinite_streak + 1 if upd["skipped_updates"] == upd["updates"] else 0
     sync_s = 0.0
@@ -366,7 +372,6 @@ def _build_sequences(cfg: GRPOConfig, engine, renderer, kept: list[list[tuple]],
     (estimator steps 2–3) plus the token anchors (step 4, added by episode_sequences), the episodes'
     log records, and how many episodes drifted. With adv_norm `episode` the values are normalised
     again over the batch's episodes here."""
-    from paravt.train.sequences import episode_sequences
 
     shaped = shape_rewards([[bd.total for _, _, bd in g] for g in kept], cfg.reward)
     advs = group_advantages(shaped, cfg.adv_eps, batch_norm=False)
@@ -391,21 +396,21 @@ def _build_sequences(cfg: GRPOConfig, engine, renderer, kept: list[list[tuple]],
     return seqs, records, drift
 
 
-def _advantage_stage(t: _Trainer, seqs: list[TrainSequence]) -> dict[str, float]:
+def _advantage_stage(t: _Trainer, seqs: list[TrainSequence], vision=None) -> dict[str, float]:
     """Per-token advantages (grpo.update.token_advantages), after, with asynchronous rollouts and more
     than one optimizer step, decoupled PPO's proximal policy: the weights about to be updated, fixed
     over the step's optimizer steps (with one, it is the update's own forward: see update_policy)."""
     cfg = t.cfg
     if t.producer is not None and (cfg.ppo_epochs > 1 or cfg.minibatches > 1):
-        reference_logprobs(t.engine, t.model, t.base, t.renderer, seqs, cfg, into="prox_logprobs")
-    return token_advantages(cfg, t.engine, t.ref, t.base, t.renderer, seqs)
+        reference_logprobs(t.engine, t.model, t.base, t.renderer, seqs, cfg, into="prox_logprobs", vision=vision)
+    return token_advantages(cfg, t.engine, t.ref, t.base, t.renderer, seqs, vision)
 
 
-def _update_stage(t: _Trainer, seqs: list[TrainSequence], step: int) -> dict[str, float]:
+def _update_stage(t: _Trainer, seqs: list[TrainSequence], step: int, vision=None) -> dict[str, float]:
     """The policy in train mode, its optimizer steps, then the lr schedule's step."""
     t.base.train()
     upd = update_policy(t.cfg, t.engine, t.model, t.base, t.ref, t.renderer, t.opt, t.params, seqs, step,
-                        decoupled=t.producer is not None)
+                        decoupled=t.producer is not None, vision=vision)
     step_schedule(t.sched)
     return upd
 
