@@ -87,7 +87,7 @@ def liger_kernels(*models, parts: list[str], ops: Ops | None = None) -> Iterator
     """Within the block, `parts` of Liger's kernels on the text model of each of `models`; yields
     the parts put on (none where Liger cannot run: the reason is said once)."""
     parts = check_parts(parts)
-    bases = [unwrapped(m) for m in models if m is not None]
+    bases = list({id(b): b for b in (unwrapped(m) for m in models if m is not None)}.values())
     if not parts or not bases:
         yield []
         return
