@@ -19,10 +19,9 @@ from paravt.train import kernels
 from paravt.train.attention import TORCH_VARLEN, VARLEN_SDPA, packed_attention, varlen_attention
 from paravt.train.batches import pack
 from paravt.train.engine import configure_checkpointing, init_engine
-from paravt.train.grpo import GRPOConfig, ppo_loss, token_advantages, update_policy
+from paravt.train.grpo import GRPOConfig, ppo_loss
 from paravt.train.logprobs import token_logprobs
 from paravt.train.sequences import TrainSequence
-from paravt.train.vision_cache import step_features
 
 TAU = 0.7
 
@@ -270,10 +269,13 @@ def test_checkpoint_part_comes_from_the_config(tiny_dir):
 
 
 def _stage(tiny_dir, seqs, *, vision_cache: bool, kl_mode: str = "reward", ppo_epochs: int = 1):
-    """The step's passes as the trainer runs them (advantages, then the update) from fresh weights,
-    the vision tower frozen; returns the metrics, the reference's log π_τ, the gradients of the
-    first optimizer step and each model's vision-tower and forward calls per stage."""
+    """The step's passes as the trainer runs them (grpo.update.train_passes: advantages, then the
+    update) from fresh weights, the vision tower frozen; returns the metrics, the reference's log
+    π_τ, the gradients of the first optimizer step, each model's vision-tower and forward calls per
+    stage (the policy is in train mode in the update only), and the step's vision features."""
+    from paravt.train import vision_cache as vc
     from paravt.train.checkpoint import make_optimizer
+    from paravt.train.grpo import train_passes
 
     model, processor = load_model(str(tiny_dir), device="cpu")
     ref, _ = load_model(str(tiny_dir), device="cpu")
@@ -282,13 +284,14 @@ def _stage(tiny_dir, seqs, *, vision_cache: bool, kl_mode: str = "reward", ppo_e
                      temperature=TAU, freeze_vision=True, vision_cache=vision_cache, ppo_epochs=ppo_epochs)
     engine = init_engine("single", "cpu")
     engine.prepare(ref, frozen=True)
+    model.eval()  # as the rollouts leave it
     r = Renderer(processor)
     params, opt, _ = make_optimizer(model, cfg, True)
-    calls = {"stage": "advantages"}
+    calls: dict = {}
 
     def count(name):
         def hook(*_):
-            key = f"{calls['stage']}/{name}"
+            key = f"{'update' if model.training else 'advantages'}/{name}"
             calls[key] = calls.get(key, 0) + 1
         return hook
 
@@ -298,13 +301,20 @@ def _stage(tiny_dir, seqs, *, vision_cache: bool, kl_mode: str = "reward", ppo_e
     grads = []
     opt.register_step_pre_hook(lambda *_: grads.append(
         {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}) if not grads else None)
-    mine = _copies(seqs)
-    with step_features(model, ref, enabled=cfg.vision_cache) as vision:
-        token_advantages(cfg, engine, ref, model, r, mine, vision)
-        calls["stage"] = "update"
-        model.train()
-        metrics = update_policy(cfg, engine, model, model, ref, r, opt, params, mine, 0, vision=vision)
-    return metrics, [s.ref_logprobs for s in mine], grads[0], calls, vision
+    made = []
+    real = vc.VisionFeatures.__init__
+
+    def keep(self):
+        real(self)
+        made.append(self)
+
+    vc.VisionFeatures.__init__ = keep
+    try:
+        mine = _copies(seqs)
+        _, metrics = train_passes(cfg, engine, model, model, ref, r, opt, params, mine, 0)
+    finally:
+        vc.VisionFeatures.__init__ = real
+    return metrics, [s.ref_logprobs for s in mine], grads[0], calls, made[0] if made else None
 
 
 def test_vision_cache_gives_the_same_loss_and_gradients_with_the_tower_run_once_a_frame(tiny_dir, seqs):

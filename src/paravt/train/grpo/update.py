@@ -20,10 +20,11 @@ from paravt.train.attention import varlen_attention
 from paravt.train.batches import Batch, make_batch, plan_micro_batches, sequence_rows, shares_prompts
 from paravt.train.grpo.config import GRPOConfig
 from paravt.train.grpo.estimator import add_kl_reward, normalize_tokens, ppo_loss
+from paravt.train.kernels import liger_kernels
 from paravt.train.logprobs import token_logprobs
 from paravt.train.sequences import TrainSequence
 from paravt.train.sft import backward_micro_batches
-from paravt.train.vision_cache import VisionFeatures
+from paravt.train.vision_cache import VisionFeatures, step_features
 
 
 def reference_logprobs(engine, ref, base, renderer, seqs: list[TrainSequence], cfg: GRPOConfig,
@@ -49,6 +50,25 @@ def reference_logprobs(engine, ref, base, renderer, seqs: list[TrainSequence], c
             if real:
                 for q, row in zip(group, sequence_rows(group, batch, lp.float())):
                     setattr(q, into, row)
+
+
+def train_passes(cfg: GRPOConfig, engine, model, base, ref, renderer, opt, params, seqs: list[TrainSequence],
+                 step: int, decoupled: bool = False, prox: bool = False) -> tuple[dict[str, float], dict[str, float]]:
+    """A step's model passes after its rollouts, under the update's switches (docs/gpu.md: Liger's
+    kernels on the policy's and the reference's passes, a frozen vision tower's features computed
+    once for all of them; the packed attention and activation checkpointing are the passes' own):
+    with `prox`, decoupled PPO's π_prox over the rollouts, then the advantages (`token_advantages`,
+    the reference's forward under kl_mode reward), then the update (`update_policy`, the policy in
+    train mode). Returns (the KL statistics, the update's metrics with `update_s`, its seconds)."""
+    with liger_kernels(model, ref, parts=cfg.liger), step_features(model, ref, enabled=cfg.vision_cache) as vision:
+        if prox:
+            reference_logprobs(engine, model, base, renderer, seqs, cfg, into="prox_logprobs", vision=vision)
+        kl_stats = token_advantages(cfg, engine, ref, base, renderer, seqs, vision)
+        t0 = time.perf_counter()
+        base.train()
+        upd = update_policy(cfg, engine, model, base, ref, renderer, opt, params, seqs, step, decoupled, vision)
+        upd["update_s"] = time.perf_counter() - t0
+    return kl_stats, upd
 
 
 def token_advantages(cfg: GRPOConfig, engine, ref, base, renderer, seqs: list[TrainSequence],
