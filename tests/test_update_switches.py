@@ -133,6 +133,7 @@ def test_torch_varlen_wiring_gives_the_sdpa_paths_logprobs_and_gradients(tiny, s
         return kernel(*a, **k)
 
     monkeypatch.setattr(attn, "_varlen_kernel", lambda: counted)
+    monkeypatch.setattr(attn, "KERNEL_DTYPES", (torch.float32,))  # the reference computes in the model's fp32
     want = _pass(model, r, seqs, VARLEN_SDPA)
     got = _pass(model, r, seqs, TORCH_VARLEN)
     assert len(calls) == model.config.text_config.num_hidden_layers  # one call a layer (the backward is autograd's)
@@ -304,8 +305,8 @@ def _stage(tiny_dir, seqs, *, vision_cache: bool, kl_mode: str = "reward", ppo_e
     made = []
     real = vc.VisionFeatures.__init__
 
-    def keep(self):
-        real(self)
+    def keep(self, *args):
+        real(self, *args)
         made.append(self)
 
     vc.VisionFeatures.__init__ = keep

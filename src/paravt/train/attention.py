@@ -120,6 +120,9 @@ def _varlen_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: torch.Te
     return torch.cat(outs, 1), None
 
 
+KERNEL_DTYPES = (torch.float16, torch.bfloat16)  # flash-attention's (tests add fp32 for a reference kernel)
+
+
 def _varlen_kernel() -> Callable | None:
     """torch's varlen attention (torch >= 2.10), None where this torch has none. Tests put a
     reference of its documented arithmetic here to check the wiring on a CPU."""
@@ -160,6 +163,12 @@ def _torch_varlen(module, query: torch.Tensor, key: torch.Tensor, value: torch.T
     pos = kwargs.get("position_ids")
     if pos is None or query.shape[0] != 1 or attention_mask is not None or query.shape[2] != key.shape[2]:
         return _varlen_sdpa(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    half = KERNEL_DTYPES
+    if query.dtype not in half:  # fp32 q/k (autocast keeps an RMSNorm's fp32 weight): as sdpa would, in autocast's dtype
+        dt = torch.get_autocast_dtype(query.device.type) if torch.is_autocast_enabled(query.device.type) else None
+        if dt not in half:
+            return _varlen_sdpa(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+        query, key, value = query.to(dt), key.to(dt), value.to(dt)
     lay = _layout(pos, query.shape[2], query.device)
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (T, heads, head_dim)
     if lay.gather is not None:

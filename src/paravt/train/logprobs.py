@@ -84,7 +84,7 @@ def _head_computes_logprobs(model, targets: torch.Tensor, temperature: float, ba
                 with torch.no_grad():
                     ent = torch.cat([_chunk_logprobs(h[a:a + chunk], head.weight, head.bias, targets[a:a + chunk],
                                                      temperature, ban, True)[1] for a in range(0, h.shape[0], chunk)])
-            return torch.stack([lp, ent], -1)[None]
+            return torch.stack([lp[None], ent[None]], -1)  # (1, N, 2), a tensor of its own (not a view)
         outs = []
         for a in range(0, h.shape[0], chunk):
             args = (h[a:a + chunk], head.weight, head.bias, targets[a:a + chunk], temperature, ban, with_entropy)
@@ -92,8 +92,8 @@ def _head_computes_logprobs(model, targets: torch.Tensor, temperature: float, ba
                 lp, ent = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
             else:
                 lp, ent = _chunk_logprobs(*args)
-            outs.append(torch.stack([lp, ent.detach()], -1))
-        return torch.cat(outs)[None]
+            outs.append(torch.stack([lp, ent.detach()], -1)[None])
+        return torch.cat(outs, 1)  # (1, N, 2), not a view: FSDP2 warns of a view
 
     head.forward = forward
     try:

@@ -13,7 +13,8 @@ with any frame not yet seen takes its pixels and runs the tower as before (whose
 kept too). Nothing outlives the step (`step_features`).
 
 Frames are keyed by content (shape and a hash of the pixels), so the same frame decoded twice for
-two rollouts is computed once as well.
+two rollouts is computed once as well. Several processes (FSDP: the tower's blocks all-gather their
+weights) decide each pass together: the tower runs in every process's pass where one needs it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import hashlib
 import inspect
 import warnings
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -51,7 +52,8 @@ def cache_unavailable(model) -> str | None:
 class VisionFeatures:
     """The step's frames' features (module doc): `inputs` swaps a pass's pixels for them."""
 
-    def __init__(self) -> None:
+    def __init__(self, agree: Callable[[bool], bool] | None = None) -> None:
+        self.agree = agree or (lambda need: need)  # (this process needs the tower) -> does every process run it
         self.store: dict[bytes, tuple[torch.Tensor, list[torch.Tensor]]] = {}
         self._keys: dict[int, tuple[np.ndarray, bytes]] = {}  # id -> (the array, kept alive; its key)
         self._pending: list[bytes] | None = None  # the frames of the pass about to run the tower
@@ -66,11 +68,13 @@ class VisionFeatures:
 
     def inputs(self, inputs: dict, images: list[np.ndarray]) -> dict:
         """A pass's model inputs: with its frames' stored features in place of its pixels when every
-        frame has them; else as they are, the tower's outputs to be kept when it runs."""
-        if "pixel_values" not in inputs or not images:
+        frame has them (in every process); else as they are, the tower's outputs to be kept."""
+        has = "pixel_values" in inputs and bool(images)
+        keys = [self.key(im) for im in images] if has else []
+        run_tower = self.agree(has and not all(k in self.store for k in keys))  # every process asks, every pass
+        if not has:
             return inputs
-        keys = [self.key(im) for im in images]
-        if not all(k in self.store for k in keys):
+        if run_tower:  # a frame not seen yet (here, or in another process's pass): the pixels, and keep what comes
             self._pending = keys
             return inputs
         from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
@@ -99,9 +103,11 @@ class VisionFeatures:
 
 
 @contextmanager
-def step_features(*models, enabled: bool) -> Iterator[VisionFeatures | None]:
+def step_features(*models, enabled: bool, agree: Callable[[bool], bool] | None = None
+                  ) -> Iterator[VisionFeatures | None]:
     """A step's vision features over the vision towers of `models` (the policy, the reference):
-    None when not enabled, or where a model cannot take them (said once)."""
+    None when not enabled, or where a model cannot take them (said). `agree`: several processes'
+    decision, each pass, whether the tower runs (default: this process's own)."""
     bases = [unwrapped(m) for m in models if m is not None]
     if not enabled or not bases:
         yield None
@@ -111,7 +117,7 @@ def step_features(*models, enabled: bool) -> Iterator[VisionFeatures | None]:
         warnings.warn(f"vision_cache: every pass runs the vision tower: {why}", stacklevel=3)
         yield None
         return
-    feats = VisionFeatures()
+    feats = VisionFeatures(agree)
     hooks = [b.model.visual.register_forward_hook(feats._keep, with_kwargs=True) for b in bases]
     try:
         yield feats

@@ -60,7 +60,9 @@ def train_passes(cfg: GRPOConfig, engine, model, base, ref, renderer, opt, param
     with `prox`, decoupled PPO's π_prox over the rollouts, then the advantages (`token_advantages`,
     the reference's forward under kl_mode reward), then the update (`update_policy`, the policy in
     train mode). Returns (the KL statistics, the update's metrics with `update_s`, its seconds)."""
-    with liger_kernels(model, ref, parts=cfg.liger), step_features(model, ref, enabled=cfg.vision_cache) as vision:
+    agree = lambda need: engine.all_max(int(need)) > 0  # noqa: E731 - every process's passes run the tower alike
+    with liger_kernels(model, ref, parts=cfg.liger), \
+            step_features(model, ref, enabled=cfg.vision_cache, agree=agree) as vision:
         if prox:
             reference_logprobs(engine, model, base, renderer, seqs, cfg, into="prox_logprobs", vision=vision)
         kl_stats = token_advantages(cfg, engine, ref, base, renderer, seqs, vision)
