@@ -160,6 +160,37 @@ def compare(row: dict, ref: dict, grads: bool) -> dict:
     return out
 
 
+def measure(name: str, args, head: dict, done: dict, engine, model, ref, renderer, opt, params, seqs,
+            cuda: bool) -> dict:
+    """Switch `name`'s row: not run (why), failed (the error), or its figures against its reference
+    row (the baseline, or freeze_vision for a frozen tower); a run switch's raw results go to `done`."""
+    why = not_run(name, SWITCHES[name], model, cuda)
+    row = {"switch": name, "config": SWITCHES[name]}
+    if why and name != "all":
+        return {**row, "not_run": "; ".join(why)}
+    try:
+        r = run_switch(name, args, engine, model, ref, renderer, opt, params, seqs, cuda)
+    except Exception as e:  # noqa: BLE001 - an out-of-memory row, a kernel that fails: the next row still runs
+        if cuda:
+            torch.cuda.empty_cache()
+        return {**row, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+    done[name] = r
+    flops = (head["computed_tokens"] * (8 + 2 * r["recompute_share"]) * head["layer_params"]
+             + head["trained_tokens"] * 10 * head["head_params"])
+    row.update({"wall_s": r["wall_s"], "update_s": r["update_s"], "tokens_per_s": head["tokens"] / r["wall_s"],
+                "mfu": flops / r["wall_s"] / (args.peak_tflops * 1e12) if cuda else None, "tflop": flops / 1e12,
+                "recompute_share": r["recompute_share"], "peak_gb": r["peak_gb"], "loss": r["loss"],
+                "grad_norm": r["grad_norm"], "cpu_s": r["cpu_s"],
+                "partly_not_run": ", ".join(w.split(":")[0] for w in why) or None})
+    frozen = SWITCHES[name].get("freeze_vision", False)
+    base = done.get("freeze_vision" if frozen and name != "freeze_vision" else "baseline")
+    if name == "baseline":
+        row.update({"equal_to": "baseline", "equal": True, "dlogp_mean": 0.0, "dlogp_max": 0.0})
+    elif base is not None:
+        row.update(compare(r, base, grads=not (frozen and base["switch"] == "baseline")))
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_workload_args(ap)
@@ -195,40 +226,15 @@ def main() -> None:
     n_layers = sum(p.numel() for p in model.model.language_model.layers.parameters())
     n_head = model.lm_head.weight.numel()
     trained = sum(s.n_trained for s in seqs)
-    peak = args.peak_tflops * 1e12
     head = {"arch": args.arch, "device": str(engine.device), "sequences": len(seqs), "main_tokens": len(seqs[0].ids),
             "tokens": tokens, "computed_tokens": computed, "forward_passes": len(groups), "params_b": n_params / 1e9,
-            "layer_params_b": n_layers / 1e9, "head_params_b": n_head / 1e9, "trained_tokens": trained, "master_dtype": args.dtype, "kl_mode": args.kl_mode,
+            "layer_params": n_layers, "head_params": n_head, "trained_tokens": trained, "master_dtype": args.dtype, "kl_mode": args.kl_mode,
             "token_budget": args.token_budget, "tolerance": {"mean_dlogp": MEAN_DLOGP, "max_dlogp": MAX_DLOGP,
                                                              "grad_rel": GRAD_REL},
             "switches": []}
     done: dict[str, dict] = {}
     for name in names:
-        why = not_run(name, SWITCHES[name], model, cuda)
-        row = {"switch": name, "config": SWITCHES[name]}
-        if why and name != "all":
-            row["not_run"] = "; ".join(why)
-        else:
-            try:
-                r = run_switch(name, args, engine, model, ref, renderer, opt, params, seqs, cuda)
-            except Exception as e:  # noqa: BLE001 - an out-of-memory row, a kernel that fails: the next row still runs
-                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-                if cuda:
-                    torch.cuda.empty_cache()
-            else:
-                done[name] = r
-                flops = computed * (8 + 2 * r["recompute_share"]) * n_layers + trained * 10 * n_head
-                row.update({"wall_s": r["wall_s"], "update_s": r["update_s"], "tokens_per_s": tokens / r["wall_s"],
-                            "mfu": flops / r["wall_s"] / peak if cuda else None, "tflop": flops / 1e12,
-                            "recompute_share": r["recompute_share"], "peak_gb": r["peak_gb"],
-                            "loss": r["loss"], "grad_norm": r["grad_norm"], "cpu_s": r["cpu_s"],
-                            "partly_not_run": ", ".join(w.split(":")[0] for w in why) or None})
-                frozen = SWITCHES[name].get("freeze_vision", False)
-                base = done.get("freeze_vision" if frozen and name != "freeze_vision" else "baseline")
-                if base is not None and base is not r:
-                    row.update(compare(r, base, grads=not (frozen and base["switch"] == "baseline")))
-                elif name == "baseline":
-                    row.update({"equal_to": "baseline", "equal": True, "dlogp_mean": 0.0, "dlogp_max": 0.0})
+        row = measure(name, args, head, done, engine, model, ref, renderer, opt, params, seqs, cuda)
         head["switches"].append(row)
         print(json.dumps(row), flush=True)
         if args.json:  # as it goes: a run cut short keeps its rows

@@ -28,9 +28,12 @@ if [ "$mode" != cpu ] && ! "$py" -c "import sys, torch; sys.exit(0 if torch.cuda
   echo "gpu.sh: no CUDA device here, so nothing is measured and docs/gpu.md is left as it is (benchmarks/gpu.sh cpu: a dry run on the CPU)" >&2
   exit 2
 fi
+# the wheels of .whl/ (above); the dry run installs them under $out, so it writes nowhere else
+site=/tmp/paravt_site
+[ "$mode" = cpu ] && site=$out/site
 if compgen -G ".whl/*.whl" >/dev/null; then
-  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/paravt_site .whl/*.whl \
-    && export PYTHONPATH="$PYTHONPATH:/tmp/paravt_site"
+  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:$site"
 fi
 "$py" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 mkdir -p "$out"
