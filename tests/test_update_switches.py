@@ -368,3 +368,23 @@ def test_switch_config_keys_are_checked():
         GRPOConfig(packed_attention="flash")
     cfg = GRPOConfig()  # today's behaviour unless a config says otherwise
     assert (cfg.packed_attention, cfg.liger, cfg.checkpoint_part, cfg.vision_cache) == ("auto", [], "layer", False)
+
+
+def test_every_process_runs_the_tower_in_a_pass_where_one_needs_it():
+    """Under FSDP the tower's blocks all-gather in every process's pass alike: each pass asks all
+    processes (`agree`, once a pass, frames or not), and a process whose frames are all stored still
+    runs the tower when another's are not."""
+    from paravt.train.vision_cache import VisionFeatures
+
+    asked = []
+    im = np.zeros((8, 8, 3), np.uint8)
+    feats = VisionFeatures(agree=lambda need: asked.append(need) or True)  # another process needs the tower
+    feats.store[feats.key(im)] = (torch.zeros(1, 4), [torch.zeros(1, 4)])
+    inputs = {"input_ids": torch.zeros(1, 3), "pixel_values": torch.zeros(4, 6)}
+    assert feats.inputs(inputs, [im]) is inputs and feats.reused == 0  # its pixels: the tower runs here too
+    assert feats.inputs({"input_ids": torch.zeros(1, 3)}, []) is not None  # a pass without frames asks all the same
+    assert asked == [False, False]
+    alone = VisionFeatures()
+    alone.store[alone.key(im)] = (torch.zeros(1, 4), [torch.zeros(1, 4)])
+    out = alone.inputs(inputs, [im.copy()])  # the same frame, another array: found by content
+    assert "pixel_values" not in out and out["mm_encoder_outputs"]["image"].pooler_output[0].shape == (1, 4)
