@@ -229,13 +229,11 @@ def profile_update(folder: Path, cuda: bool, engine, model, ref, opt, run, name:
     return breakdown(prof.events(), wall)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_workload_args(ap: argparse.ArgumentParser) -> None:
+    """The model and the step's sequences (this benchmark's, and bench_switches')."""
     ap.add_argument("--arch", choices=["8b", "tiny"], default="8b")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="master weights (compute is bf16 on GPUs)")
-    ap.add_argument("--cpu-offload", action="store_true")
-    ap.add_argument("--no-activation-checkpointing", action="store_true")
     ap.add_argument("--prompts", type=int, default=1)
     ap.add_argument("--rollouts", type=int, default=8)
     ap.add_argument("--frames", type=int, default=64)
@@ -247,23 +245,56 @@ def main() -> None:
     ap.add_argument("--sub-tokens", type=int, default=256)
     ap.add_argument("--group-prompts", action="store_true",
                     help="the rollouts of one prompt share its frames and text, as GRPO's do (default: each its own)")
-    ap.add_argument("--prompt-sharing", choices=["on", "off"], default="on",
-                    help="packing on: hold a prompt that sequences of one pass share once (the trainer's path)")
-    ap.add_argument("--packing", choices=["on", "off", "both"], default="on")
     ap.add_argument("--token-budget", type=int, default=8192, help="packing on: most tokens per forward pass")
-    ap.add_argument("--micro-batch-size", type=int, default=1, help="packing off: sequences per (padded) pass")
     ap.add_argument("--logprob-chunk", type=int, default=1024)
-    ap.add_argument("--checkpoint-every", type=int, default=1)
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--vocab", type=int, default=0,
                     help="tiny arch: resize the vocabulary to this (151936: Qwen's), to see the output head's memory")
-    ap.add_argument("--kl-mode", choices=["loss", "reward"], default="loss",
-                    help="loss: the reference's forward runs in the update (k3 in the loss), as the FLOPs count has it; "
-                         "reward: it runs before (token_advantages), outside the timed update, and is not counted")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", type=Path, default=None,
                     help="after the timed update, profile a second one: a table of ops and kernels in this folder")
+
+
+def build_models(args, engine, cuda: bool, cpu_offload: bool = False):
+    """(policy prepared for training, frozen reference, processor, the policy's parameter count):
+    Qwen3-VL-8B's architecture with random weights, or the tiny one, the reference in bf16 on a GPU."""
+    from paravt.models.tiny import build_8b_random, build_tiny
+
+    dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
+    build_on = "cpu" if (cpu_offload or not cuda) else str(engine.device)
+
+    def build():
+        if args.arch == "8b":
+            return build_8b_random(device=build_on, dtype=dtype)
+        m, p = build_tiny(seed=0)
+        if args.vocab:
+            torch.manual_seed(0)
+            m.resize_token_embeddings(args.vocab, mean_resizing=False)
+        return m.to(device=build_on, dtype=dtype), p
+
+    model, processor = build()
+    n_params = sum(p.numel() for p in model.parameters())
+    model.train()
+    model = engine.prepare(model)
+    ref, _ = build()
+    ref = engine.prepare(ref.to(torch.bfloat16 if cuda else dtype), frozen=True)
+    return model, ref, processor, n_params
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_workload_args(ap)
+    ap.add_argument("--cpu-offload", action="store_true")
+    ap.add_argument("--no-activation-checkpointing", action="store_true")
+    ap.add_argument("--prompt-sharing", choices=["on", "off"], default="on",
+                    help="packing on: hold a prompt that sequences of one pass share once (the trainer's path)")
+    ap.add_argument("--packing", choices=["on", "off", "both"], default="on")
+    ap.add_argument("--micro-batch-size", type=int, default=1, help="packing off: sequences per (padded) pass")
+    ap.add_argument("--checkpoint-every", type=int, default=1)
+    ap.add_argument("--kl-mode", choices=["loss", "reward"], default="loss",
+                    help="loss: the reference's forward runs in the update (k3 in the loss), as the FLOPs count has it; "
+                         "reward: it runs before (token_advantages), outside the timed update, and is not counted")
     args = ap.parse_args()
     if args.packing == "both":
         return compare(sys.argv[1:])
@@ -275,7 +306,6 @@ def main() -> None:
         prompt_sharing.MIN_SHARED = 1 << 62  # no common beginning is long enough
 
     from paravt.backends.hf import Renderer
-    from paravt.models.tiny import build_8b_random, build_tiny
     from paravt.train.checkpoint import make_optimizer
     from paravt.train.engine import init_engine, param_bytes
     from paravt.train.grpo import GRPOConfig, _update
@@ -289,25 +319,8 @@ def main() -> None:
     engine = init_engine(cfg.engine, cfg.device, cfg.mixed_precision,
                          activation_checkpointing=cfg.activation_checkpointing, cpu_offload=cfg.cpu_offload,
                          checkpoint_every=cfg.checkpoint_every)
-    dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
-    build_on = "cpu" if (args.cpu_offload or not cuda) else str(engine.device)
-
-    def build():
-        if args.arch == "8b":
-            return build_8b_random(device=build_on, dtype=dtype)
-        m, p = build_tiny(seed=0)
-        if args.vocab:
-            torch.manual_seed(0)
-            m.resize_token_embeddings(args.vocab, mean_resizing=False)
-        return m.to(device=build_on, dtype=dtype), p
-
-    model, processor = build()
-    n_params = sum(p.numel() for p in model.parameters())
+    model, ref, processor, n_params = build_models(args, engine, cuda, args.cpu_offload)
     base_vocab = model.get_output_embeddings().weight.shape[0]
-    model.train()
-    model = engine.prepare(model)
-    ref, _ = build()
-    ref = engine.prepare(ref.to(torch.bfloat16 if cuda else dtype), frozen=True)
     renderer = Renderer(processor)
     params, opt, _ = make_optimizer(model, cfg)
     seqs = sequences(renderer, args, np.random.default_rng(engine.rank))
@@ -321,10 +334,8 @@ def main() -> None:
         if cuda:
             torch.cuda.synchronize()
     wall, cpu = time.perf_counter() - t, time.process_time() - cpu
-    from paravt.train.sequences import plan_micro_batches
-
+    from paravt.train.batches import plan_micro_batches, shares_prompts
     from paravt.train.prompt_sharing import plan
-    from paravt.train.sequences import shares_prompts
 
     share = shares_prompts(model, cfg.packing, cfg.mixed_precision == "bf16")  # as the update planned its passes
     groups = plan_micro_batches(mine, cfg.packing, cfg.micro_batch_size, cfg.token_budget, renderer if share else None)

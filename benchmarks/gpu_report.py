@@ -143,8 +143,10 @@ def breakdown_section(dec: dict | None, upd: dict | None) -> str:
     by category and phase, each a share of its call's wall time (prof_breakdown)."""
     rows = {f"decode {k}": v["breakdown"] for k, v in ((dec or {}).get("profile") or {}).items()
             if isinstance(v, dict) and v.get("breakdown")}
-    u = (upd or {}).get("packed") if upd and "packing" not in upd else upd
-    if u and u.get("profile"):
+    u = _update_row(upd)
+    if (upd or {}).get("profile"):
+        rows["update (packed)"] = upd["profile"]
+    elif u and u.get("profile"):
         rows["update (packed)"] = u["profile"]
     if not rows:
         return "No profile was written.\n"
@@ -193,10 +195,12 @@ def targets_table(dec: dict | None, upd: dict | None, epi: list | None) -> str:
         roof = f" ({100 * share:.0f} % of {r['limit_tok_s']:.0f})" if share is not None else ""
         ok = rate >= need and (need != 150 or (share or 0) >= 0.6)
         add(label, f"{rate:.0f} tok/s{roof}", ok)
-    u = (upd or {}).get("packed") if upd and "packing" not in upd else upd
+    u = _update_row(upd)
     mfu = (u or {}).get("mfu")
-    add("PARA-GRPO update (packed): ≥ 40 % MFU", None if mfu is None else
-        f"{100 * mfu:.1f} % ({(u or {}).get('flops_per_token_n', 10)}N FLOPs a token)", None if mfu is None else mfu >= 0.4)
+    what = (f"{u['switch']}, equal to {u.get('equal_to', 'baseline')}" if "switch" in (u or {})
+            else f"{(u or {}).get('flops_per_token_n', 10)}N FLOPs a token")
+    add("PARA-GRPO update (packed): ≥ 40 % MFU", None if mfu is None else f"{100 * mfu:.1f} % ({what})",
+        None if mfu is None else mfu >= 0.4)
     ratio = None
     if epi and len(epi) >= 5:
         ratio = epi[4]["parallel"]["wall_s"] / epi[0]["parallel"]["wall_s"]
@@ -205,12 +209,60 @@ def targets_table(dec: dict | None, upd: dict | None, epi: list | None) -> str:
     return "| target | measured | met |\n|---|---|---|\n" + "\n".join(rows) + "\n"
 
 
+def _update_row(upd: dict | None) -> dict | None:
+    """The update figure the targets read: of a switch run (bench_switches), its fastest row that
+    is equal to its baseline (the baseline if none is faster); else the packed row."""
+    if not upd:
+        return None
+    if "switches" in upd:
+        ok = [r for r in upd["switches"] if r.get("equal") and r.get("mfu") is not None]
+        return max(ok, key=lambda r: r["mfu"], default=None)
+    return upd.get("packed") if "packing" not in upd else upd
+
+
+def switch_table(upd: dict) -> str:
+    """One row per update switch (bench_switches): its speed, memory and whether it is exact."""
+    tol = upd.get("tolerance", {})
+    rows = ["| switch | config keys | tokens/s | MFU | peak memory (GB) | equal to the baseline | "
+            "Δ log π mean / max | loss, gradient-norm ratios |", "|---|---|---|---|---|---|---|---|"]
+    for r in upd.get("switches", []):
+        keys = ", ".join(f"{k}: " + (f"[{', '.join(v)}]" if isinstance(v, list) else str(v).lower())
+                         for k, v in r.get("config", {}).items()) or "(today's defaults)"
+        if "not_run" in r or "error" in r:
+            why = f"not run: {r['not_run']}" if "not_run" in r else f"failed: `{r['error']}`"
+            rows.append(f"| {r['switch']} | {keys} | {why} | — | — | — | — | — |")
+            continue
+        mfu = "—" if r.get("mfu") is None else f"{100 * r['mfu']:.1f} %"
+        if "equal" not in r:
+            eq = "—"
+        else:
+            eq = ("yes" if r["equal"] else "**no**") + ("" if r.get("equal_to") in (None, "baseline", r["switch"])
+                                                        else f" (to {r['equal_to']})")
+        d = f"{r['dlogp_mean']:.2g} / {r['dlogp_max']:.2g}" if r.get("dlogp_mean") is not None else "—"
+        ratios = ", ".join("—" if r.get(k) is None else f"{r[k]:.4f}" for k in ("loss_ratio", "grad_norm_ratio"))
+        note = f" ({r['partly_not_run']} not run)" if r.get("partly_not_run") else ""
+        rows.append(f"| {r['switch']}{note} | {keys} | {r['tokens_per_s']:.0f} | {mfu} | {r['peak_gb']:.3g} | {eq} | "
+                    f"{d} | {ratios if r.get('loss_ratio') is not None else '—'} |")
+    return ("\n".join(rows) + f"\n\nEach row a step's passes after its rollouts (the reference's forward, then the "
+            f"update) on {upd.get('sequences', '?')} sequences ({upd.get('tokens', '?')} tokens, "
+            f"{upd.get('computed_tokens', '?')} computed, {upd.get('trained_tokens', '?')} trained; "
+            f"{upd.get('forward_passes', '?')} passes of at most {upd.get('token_budget', '?')} tokens), the same "
+            f"weights in every row. Equal: the trained tokens' log π_τ within {tol.get('mean_dlogp', '?')} nats on "
+            f"average and {tol.get('max_dlogp', '?')} at most, the loss and the gradient norm within "
+            f"{100 * tol.get('grad_rel', 0):.0f} % (rows with a frozen vision tower against `freeze_vision`, and "
+            "`freeze_vision` against the baseline on log π_τ only: its gradient leaves the tower out). MFU by the "
+            "work done in the text model (bench_switches.py's docstring), on the device's dense bf16 peak.\n")
+
+
 UPDATE_KEYS = ("forward_passes", "tokens", "trained_tokens", "update_s", "tokens_per_s", "mfu", "peak_gpu_gb",
                "peak_rss_gb", "loss", "error")
 
 
 def update_table(upd: dict) -> str:
-    """Packed and padded side by side, the figures that compare them (the rest is in update.json)."""
+    """Packed and padded side by side, the figures that compare them (the rest is in update.json);
+    a switch run's rows (bench_switches) as `switch_table`."""
+    if "switches" in upd:
+        return switch_table(upd)
     if "packing" in upd:  # one mode's row (gpu.sh runs the packed update alone on a GPU)
         upd = {"packed" if upd["packing"] else "padded": upd}
     modes = [m for m in ("packed", "padded") if upd.get(m)]
@@ -276,7 +328,7 @@ def main() -> None:
              "\n### Where the time goes (torch.profiler)\n", breakdown_section(dec, upd),
              "\n### Decode at the first round's short prompts\n",
              decode_table(dec) if dec and dec.get("decode") else "Not measured.\n",
-             "\n### Update (`bench_update.py`)\n", update_table(upd) if upd else failed(out, "update"),
+             "\n### Update, one row per switch (`bench_switches.py`)\n", update_table(upd) if upd else failed(out, "update"),
              "\n### Episodes per minute (`bench_episodes.py`)\n", episodes_table(eps) if eps else failed(out, "episodes"),
              "\n### Parallel episode, 1 to 5 crops (`bench_episode.py`)\n",
              episode_table(epi) if epi else failed(out, "episode"),

@@ -128,3 +128,30 @@ def test_episode_shapes_breakdown_episodes_and_targets_of_a_run_cut_short(tmp_pa
     assert "| parallel episode, 5 crops / 1 crop: ≤ 1.1× | 1.08× | yes |" in targets
     nothing = gr.targets_table(None, None, None)
     assert nothing.count("not measured") == 5 and "| yes |" not in nothing and "| no |" not in nothing
+
+
+def test_the_switch_table_has_a_row_per_switch_and_the_target_reads_the_fastest_exact_one():
+    """bench_switches' rows: measured, not run (with why), failed; equal or not; the MFU target is
+    read from the fastest row equal to its baseline."""
+    gr = report()
+    row = {"tokens_per_s": 2000.0, "peak_gb": 90.0, "loss_ratio": 1.0, "grad_norm_ratio": 1.001, "dlogp_mean": 0.004,
+           "dlogp_max": 0.05, "equal_to": "baseline"}
+    upd = {"sequences": 2, "tokens": 15972, "computed_tokens": 11500, "trained_tokens": 3072, "forward_passes": 1,
+           "token_budget": 16384, "tolerance": {"mean_dlogp": 0.02, "max_dlogp": 0.25, "grad_rel": 0.02},
+           "switches": [{"switch": "baseline", "config": {}, **row, "mfu": 0.2, "equal": True},
+                        {"switch": "varlen", "config": {"packed_attention": "varlen"}, **row, "mfu": 0.25, "equal": True},
+                        {"switch": "liger", "config": {"liger": ["all"]}, **row, "mfu": 0.45, "equal": False,
+                         "dlogp_max": 3.1},
+                        {"switch": "ckpt_attention", "config": {"checkpoint_part": "attention"},
+                         "error": "OutOfMemoryError: CUDA out of memory"},
+                        {"switch": "vision_cache", "config": {"freeze_vision": True, "vision_cache": True},
+                         "not_run": "transformers 5.17's Qwen3-VL takes no mm_encoder_outputs"}]}
+    text = gr.update_table(upd)
+    head = text.splitlines()[0].split(" | ")
+    assert "| switch |" in text.splitlines()[0] and any("MFU" in c for c in head) and any("equal" in c for c in head)
+    assert "| varlen | packed_attention: varlen | 2000 | 25.0 % | 90 | yes | 0.004 / 0.05 | 1.0000, 1.0010 |" in text
+    assert "| liger | liger: [all] | 2000 | 45.0 % | 90 | **no** |" in text
+    assert "| ckpt_attention | checkpoint_part: attention | failed: `OutOfMemoryError" in text
+    assert "| vision_cache | freeze_vision: true, vision_cache: true | not run: transformers 5.17" in text
+    targets = gr.targets_table(None, upd, None)
+    assert "| PARA-GRPO update (packed): ≥ 40 % MFU | 25.0 % (varlen, equal to baseline) | no |" in targets

@@ -376,3 +376,27 @@ def test_shared_prompts_and_shared_text_are_prefilled_once(tiny):
         assert a.token_ids == b.token_ids
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
     assert len({tuple(c.token_ids) for c in got[:4]}) > 1  # four seeds, not four copies of one row
+
+
+def test_five_crops_are_one_prefill_with_one_vision_tower_call(tiny):
+    """A parallel turn's five sub-agents (each its own crop's frames) sent together: one prefill,
+    whose vision tower runs once over all five crops' frames, and each row's tokens are those of
+    its request sent alone (greedy)."""
+    from paravt.agent.messages import build_subagent_messages
+    from paravt.video.frames import Frame
+
+    model, processor = tiny
+    crops = [[Frame(frame(10 * c + i), 4.0 * c + i, 4.0 * c + i) for i in range(3)] for c in range(5)]
+    reqs = [GenerateRequest(build_subagent_messages(f, f[0].timestamp, f[-1].timestamp + 1, "What happens?"),
+                            max_new_tokens=6, temperature=0.0, role="sub") for f in crops]
+    grids = []
+    hook = model.model.visual.register_forward_hook(lambda m, a, kw, out: grids.append(len(kw["grid_thw"])),
+                                                    with_kwargs=True)
+    try:
+        backend = HFBackend(model, processor)
+        got = backend.generate_sync(reqs)
+        assert backend.batch_sizes == [5] and grids == [15]  # one call, every crop's frames
+        alone = [HFBackend(model, processor).generate_sync([r])[0] for r in reqs]
+    finally:
+        hook.remove()
+    assert [c.token_ids for c in got] == [c.token_ids for c in alone]

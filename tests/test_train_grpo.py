@@ -20,7 +20,9 @@ from paravt.train.grpo import (GRPOConfig, gate_k, group_advantages, ppo_loss, p
                                rollout_seed, train_grpo)
 from paravt.train.logging import read_log
 from trainlogs import steps_in
-from paravt.train.sequences import ContinuationError, collate, episode_sequences, token_logprobs
+from paravt.train.batches import collate
+from paravt.train.logprobs import token_logprobs
+from paravt.train.sequences import ContinuationError, episode_sequences
 
 
 @pytest.fixture(scope="module")

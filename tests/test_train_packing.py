@@ -1,4 +1,4 @@
-"""Packed micro-batches (train.sequences.pack) against the padded path, one sequence at a time
+"""Packed micro-batches (train.batches.pack) against the padded path, one sequence at a time
 (`collate`): the same per-token log π_τ and entropy, the same loss and gradients, on the tiny
 Qwen3-VL in fp32 — with frames of different sizes in different sequences, sub-agent sequences and
 a sequence without frames in one forward pass."""
@@ -12,8 +12,10 @@ from paravt.backends.hf import Renderer
 from paravt.models import load_model
 from paravt.train.grpo import GRPOConfig, ppo_loss, update_policy
 from paravt.train.engine import init_engine
-from paravt.train.sequences import (VARLEN_SDPA, TrainSequence, collate, pack, pack_groups, per_sequence,
-                                    plan_micro_batches, sequence_rows, token_logprobs, varlen_attention)
+from paravt.train.attention import VARLEN_SDPA, varlen_attention
+from paravt.train.batches import collate, pack, pack_groups, per_sequence, plan_micro_batches, sequence_rows
+from paravt.train.logprobs import token_logprobs
+from paravt.train.sequences import TrainSequence
 
 TAU = 0.7
 # the trainer's packed attention on a CPU (per-sequence sdpa), and transformers' own packed path

@@ -240,7 +240,7 @@ def test_resume_after_a_crash_between_the_checkpoint_renames(split, tiny_dir, tm
 def test_non_finite_updates_are_skipped_then_the_run_stops_in_one_line(split, tiny_dir, tmp_path, monkeypatch):
     """From the third step on the loss is NaN: those updates are skipped (the weights stay finite and
     every checkpoint holds them), and the third skip in a row stops the run naming the step."""
-    import paravt.train.sequences as seqmod
+    import paravt.train.logprobs as seqmod
     from paravt.train.grpo import TrainingDiverged
 
     real, calls = seqmod.token_logprobs, {"n": 0}

@@ -151,6 +151,24 @@ def check_trainer(cfg: Any) -> None:
         raise ValueError(f"threads must be >= 0 (0: torch's default), got {cfg.threads}")
 
 
+def check_switches(cfg: Any) -> None:
+    """Raise ValueError for a bad value of the update's speed switches both trainers share
+    (activation checkpointing's part, the packed attention, Liger's parts); GRPO's `vision_cache`
+    needs a frozen vision tower."""
+    from paravt.train.attention import CHOICES
+    from paravt.train.kernels import check_parts
+
+    if cfg.checkpoint_part not in ("layer", "attention"):
+        raise ValueError(f"checkpoint_part must be layer or attention, got {cfg.checkpoint_part!r}")
+    if cfg.packed_attention not in CHOICES:
+        raise ValueError(f"packed_attention must be one of {', '.join(CHOICES)}, got {cfg.packed_attention!r}")
+    if isinstance(cfg.liger, str):
+        raise ValueError(f"liger is a list of parts (say [rms_norm, swiglu, rope, logprob] or [all]), got {cfg.liger!r}")
+    cfg.liger = check_parts(cfg.liger)
+    if getattr(cfg, "vision_cache", False) and not cfg.freeze_vision:
+        raise ValueError("vision_cache reuses a frozen vision tower's features: it needs freeze_vision: true")
+
+
 def to_dict(cfg: Any) -> dict:
     """JSON/YAML-friendly dict of a config (callables and other non-data values dropped)."""
     out = {}

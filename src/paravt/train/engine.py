@@ -20,7 +20,10 @@ Choices, and why:
   torch.autocast(bf16) over fp32 weights, the same arithmetic.
 - Activation checkpointing (`activation_checkpointing: true`): transformers' own gradient
   checkpointing of every decoder layer and vision block (non-reentrant, so it composes with FSDP2);
-  `checkpoint_every: n` checkpoints every n-th layer only, where memory allows keeping the rest.
+  `checkpoint_every: n` checkpoints every n-th layer only, where memory allows keeping the rest;
+  `checkpoint_part: attention` recomputes only the attention of those text layers (its projections,
+  norms, rotary and kernel), keeping the MLP's activations (`configure_checkpointing`). The
+  recompute is the forward's arithmetic again, so loss and gradients are those of no recompute.
 - CPU offload (`cpu_offload: true`): FSDP2's CPUOffloadPolicy keeps the sharded parameters,
   gradients and optimizer state in host memory (the optimizer step runs on the CPU).
 - The frozen reference of GRPO's KL term is sharded the same way (its own FSDP2 units, bf16 under
@@ -64,6 +67,7 @@ class Engine:
     activation_checkpointing: bool = False
     cpu_offload: bool = False
     checkpoint_every: int = 1  # activation checkpointing on every n-th layer (1: all)
+    checkpoint_part: str = "layer"  # layer | attention: what a checkpointed text layer recomputes
 
     @property
     def main(self) -> bool:
@@ -120,19 +124,7 @@ class Engine:
         if frozen:
             model.requires_grad_(False).eval()
         elif self.activation_checkpointing:
-            # transformers >= 5.2x names it activation_checkpointing_enable(activation_checkpointing_kwargs=...);
-            # the older gradient_checkpointing_enable(gradient_checkpointing_kwargs=...) takes the same settings.
-            # every_n_layers: only where memory needs it, the others keep their activations
-            every = {"every_n_layers": self.checkpoint_every} if self.checkpoint_every > 1 else {}
-            if hasattr(model, "activation_checkpointing_enable"):
-                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False}, **every)
-            else:
-                import inspect
-
-                if every and "every_n_layers" not in inspect.signature(model.gradient_checkpointing_enable).parameters:
-                    raise ValueError(f"checkpoint_every: {self.checkpoint_every} needs a transformers whose "
-                                     "checkpointing takes every_n_layers; this one checkpoints every layer or none")
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False}, **every)
+            configure_checkpointing(model, True, self.checkpoint_every, self.checkpoint_part)
         if self.kind == "fsdp":
             return _shard(model, self)
         if self.kind == "ddp" and not frozen:
@@ -259,7 +251,8 @@ def _quiet_single_process() -> Iterator[None]:
 
 
 def init_engine(kind: str = "auto", device: str = "auto", mixed_precision: str = "no", *,
-                activation_checkpointing: bool = False, cpu_offload: bool = False, checkpoint_every: int = 1) -> Engine:
+                activation_checkpointing: bool = False, cpu_offload: bool = False, checkpoint_every: int = 1,
+                checkpoint_part: str = "layer") -> Engine:
     """The engine of this process: joins the process group `torchrun` describes (WORLD_SIZE,
     RANK, LOCAL_RANK, MASTER_ADDR/PORT), or makes a one-process group when fsdp/ddp is asked for
     without torchrun (e.g. FSDP's CPU offload on one GPU)."""
@@ -282,7 +275,8 @@ def init_engine(kind: str = "auto", device: str = "auto", mixed_precision: str =
     dev = torch.device("cuda", local) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(dev)
-    engine = Engine(kind, rank, world, dev, mixed_precision, activation_checkpointing, cpu_offload, checkpoint_every)
+    engine = Engine(kind, rank, world, dev, mixed_precision, activation_checkpointing, cpu_offload, checkpoint_every,
+                    checkpoint_part)
     if kind != "single" and not dist.is_initialized():
         backend = "nccl" if use_cuda else "gloo"
         if world > 1:
@@ -291,6 +285,54 @@ def init_engine(kind: str = "auto", device: str = "auto", mixed_precision: str =
             dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
         engine._owns_group = True
     return engine
+
+
+def configure_checkpointing(model: torch.nn.Module, enabled: bool, every: int = 1, part: str = "layer") -> None:
+    """Activation checkpointing of `model` (a Hugging Face model, before DDP wraps it; FSDP2's
+    sharding may have happened): off, every `every`-th layer (transformers' own), and with `part`
+    "attention" the chosen text layers recompute their attention only (checkpointed around the
+    attention module, the layer itself not). Callable again to change it."""
+    if part not in ("layer", "attention"):
+        raise ValueError(f"checkpoint_part must be layer or attention, got {part!r}")
+    for m in model.modules():  # undo an earlier attention-only setting
+        if getattr(m, "_paravt_checkpointed", False):
+            del m.forward, m._paravt_checkpointed
+    if not enabled:
+        (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
+        return
+    # transformers >= 5.2x names it activation_checkpointing_enable(activation_checkpointing_kwargs=...);
+    # the older gradient_checkpointing_enable(gradient_checkpointing_kwargs=...) takes the same settings.
+    # every_n_layers: only where memory needs it, the others keep their activations
+    kw = {"every_n_layers": every} if every > 1 else {}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False}, **kw)
+    else:
+        import inspect
+
+        if kw and "every_n_layers" not in inspect.signature(model.gradient_checkpointing_enable).parameters:
+            raise ValueError(f"checkpoint_every: {every} needs a transformers whose checkpointing takes "
+                             "every_n_layers; this one checkpoints every layer or none")
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False}, **kw)
+    if part == "attention":
+        for layer in model.modules():
+            if type(layer).__name__.endswith("TextDecoderLayer") and layer.gradient_checkpointing:
+                layer.gradient_checkpointing = False
+                _checkpoint_forward(layer.self_attn)
+
+
+def _checkpoint_forward(module: torch.nn.Module) -> None:
+    """module's forward recomputed in the backward (non-reentrant checkpoint) while training."""
+    from torch.utils.checkpoint import checkpoint
+
+    forward = module.forward
+
+    def run(*args, **kwargs):
+        if module.training and torch.is_grad_enabled():
+            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        return forward(*args, **kwargs)
+
+    module.forward = run
+    module._paravt_checkpointed = True
 
 
 def _shard(model: torch.nn.Module, engine: Engine) -> torch.nn.Module:

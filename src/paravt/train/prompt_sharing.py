@@ -16,23 +16,20 @@ starts wherever row 0 does not go up by one, and a continuation's first value gi
 last root before it) and `s`. Checkpointed layers recompute their attention in the backward from
 the same tensor, so no side channel has to reach the autograd threads.
 
-Only `train.sequences._varlen_sdpa` reads this layout; flash-attention's varlen kernel cannot (its
-sequences are contiguous), so packs are shared only under `_varlen_sdpa`.
+Only train.attention's own attentions read this layout (sdpa per sequence, and torch's varlen kernel,
+whose keys a continuation gathers); flash-attention's package kernel cannot (its sequences are
+contiguous), so packs are shared only under those (`batches.shares_prompts`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from paravt.chat import same_image
-
-if TYPE_CHECKING:
-    from paravt.chat import Renderer
-    from paravt.train.sequences import TrainSequence
+from paravt.chat import Renderer, same_image
+from paravt.train.sequences import TrainSequence
 
 MIN_SHARED = 32  # a shorter common beginning is not worth a segment of its own
 OFFSET = 1 << 32  # continuation c's row 0 starts at c * OFFSET + s (far above any sequence length)
@@ -48,7 +45,7 @@ class Share:
     images: int = 0  # the root's frames among those tokens, which this sequence's pass does not hold again
 
 
-def image_runs(seq: "TrainSequence", renderer: "Renderer") -> list[tuple[int, int]]:
+def image_runs(seq: TrainSequence, renderer: Renderer) -> list[tuple[int, int]]:
     """[start, end) of each image's placeholder tokens in `seq.ids`, in the images' order."""
     pads = np.flatnonzero(np.asarray(seq.ids) == renderer.image_pad)
     runs, i = [], 0
@@ -61,7 +58,7 @@ def image_runs(seq: "TrainSequence", renderer: "Renderer") -> list[tuple[int, in
     return runs
 
 
-def shared_length(root: "TrainSequence", root_runs: list[tuple[int, int]], seq: "TrainSequence",
+def shared_length(root: TrainSequence, root_runs: list[tuple[int, int]], seq: TrainSequence,
                   seq_runs: list[tuple[int, int]]) -> int:
     """How many of `root`'s first tokens `seq` can reuse: their common ids, no further than the
     token before seq's first trained one (its hidden state is the first that seq reads), cut before
@@ -79,7 +76,7 @@ def shared_length(root: "TrainSequence", root_runs: list[tuple[int, int]], seq: 
     return s
 
 
-def best_root(seq: "TrainSequence", runs: list[tuple[int, int]], roots: list[int], seqs: list["TrainSequence"],
+def best_root(seq: TrainSequence, runs: list[tuple[int, int]], roots: list[int], seqs: list[TrainSequence],
               all_runs: list[list[tuple[int, int]]], min_shared: int | None = None) -> Share:
     """The root among `roots` (indices into `seqs`) that `seq` shares the most with, at least
     `min_shared` tokens (default MIN_SHARED); Share() when none does."""
@@ -92,7 +89,7 @@ def best_root(seq: "TrainSequence", runs: list[tuple[int, int]], roots: list[int
     return best
 
 
-def plan(seqs: list["TrainSequence"], renderer: "Renderer", min_shared: int | None = None) -> list[Share]:
+def plan(seqs: list[TrainSequence], renderer: Renderer, min_shared: int | None = None) -> list[Share]:
     """Each sequence's layout in the pack: a continuation of the earlier root it shares the most
     with (at least `min_shared` tokens, default MIN_SHARED), else a root of its own."""
     runs = [image_runs(s, renderer) for s in seqs]

@@ -19,12 +19,12 @@ from __future__ import annotations
 import math
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from paravt import protocol as P
-from paravt.train.config import ConfigError, check_finite, check_trainer, load_config, to_dict
+from paravt.train.config import ConfigError, check_finite, check_switches, check_trainer, load_config, to_dict
 from paravt.train.sequences import TrainSequence
 
 VIDEO_PLACEHOLDER = "<video>"
@@ -58,6 +58,9 @@ class SFTConfig:
     engine: str = "auto"  # auto | single | ddp | fsdp (auto: fsdp under torchrun with >1 process)
     activation_checkpointing: bool = False
     checkpoint_every: int = 1  # activation checkpointing on every n-th layer only (1: all; more: faster, more memory)
+    checkpoint_part: str = "layer"  # what a checkpointed text layer recomputes: layer (all of it) | attention (only)
+    packed_attention: str = "auto"  # packed passes' attention: auto | sdpa (per sequence) | varlen (torch's kernel)
+    liger: list[str] = field(default_factory=list)  # Liger kernels: rms_norm, swiglu, rope, logprob (or [all])
     cpu_offload: bool = False  # fsdp only: parameters, gradients and optimizer state in host memory
     freeze_vision: bool = False
     threads: int = 0  # torch CPU threads for this run (0: torch default; 1 is fastest on a busy shared CPU)
@@ -70,6 +73,7 @@ class SFTConfig:
     def __post_init__(self) -> None:
         check_finite(self)
         check_trainer(self)
+        check_switches(self)
         if self.keep_checkpoints < 0 or self.max_nonfinite_steps < 1:
             raise ValueError("keep_checkpoints must be >= 0 and max_nonfinite_steps >= 1")
         for name in ("steps", "batch_size", "micro_batch_size", "max_frames", "log_every", "save_every",
@@ -270,32 +274,35 @@ def make_engine(cfg):
 
     return init_engine(cfg.engine, cfg.device, cfg.mixed_precision,
                        activation_checkpointing=cfg.activation_checkpointing, cpu_offload=cfg.cpu_offload,
-                       checkpoint_every=cfg.checkpoint_every)
+                       checkpoint_every=cfg.checkpoint_every, checkpoint_part=cfg.checkpoint_part)
 
 
 def backward_micro_batches(engine, model, base, renderer, groups: list, n_tok: int, loss_fn, packing: bool = False,
-                           chunk: int = 1024) -> float:
+                           chunk: int = 1024, attention: str = "auto", vision=None) -> float:
     """Forward and backward of this process's micro-batches, gradients reduced across processes
     once. Every process runs the same number of passes (FSDP's collectives must match): one with
     fewer pads with passes over its first micro-batch at weight 0. `n_tok` is the trained tokens of
     ALL processes, and DDP/FSDP average gradients over processes, so each local loss is scaled by
     the world size: the update is the token mean over the whole batch. loss_fn(batch, real) -> the
     loss summed over the micro-batch's trained tokens (`real` is False on a padding pass, whose
-    statistics must not count). `packing`: the groups are packed (train.sequences.pack), under
-    flash-attention's varlen kernel where installed, for the backward's recomputes too, else under
-    `_varlen_sdpa` with the prompts the sequences share held once (train.prompt_sharing). Returns
-    the local loss sum."""
+    statistics must not count). `packing`: the groups are packed (train.batches.pack), under the
+    attention `attention` picks (train.attention: flash-attention's varlen kernel where installed,
+    torch's, or sdpa per sequence), for the backward's recomputes too, with the prompts the
+    sequences share held once where it reads them (train.prompt_sharing). `vision`: the step's
+    frozen vision features (train.vision_cache). Returns the local loss sum."""
     from contextlib import nullcontext
 
-    from paravt.train.sequences import VARLEN_SDPA, make_batch, varlen_attention
+    from paravt.train.attention import SHARING, varlen_attention
+    from paravt.train.batches import make_batch
 
     n = engine.all_max(len(groups))
     total = 0.0
-    with varlen_attention(model, bf16_compute=engine.mixed_precision == "bf16") if packing else nullcontext() as impl:
+    with varlen_attention(model, bf16_compute=engine.mixed_precision == "bf16", choice=attention) if packing \
+            else nullcontext() as impl:
         for gi in range(n):
             real = gi < len(groups)
             batch = make_batch(base, renderer, groups[gi if real else 0], packing, chunk=chunk,
-                               share_prompts=impl == VARLEN_SDPA)
+                               share_prompts=impl in SHARING, vision=vision)
             with engine.accumulate(model, last=gi == n - 1), engine.autocast():
                 summed = loss_fn(batch, real)
                 loss = summed * (engine.world / max(n_tok, 1)) * (1.0 if real else 0.0)
@@ -375,7 +382,9 @@ def _train_sft(cfg: SFTConfig, console=None) -> dict:
     from paravt.chat import Renderer
     from paravt.train.checkpoint import diverged, step_schedule
     from paravt.train.logging import RunLogger
-    from paravt.train.sequences import plan_micro_batches, shares_prompts, token_logprobs
+    from paravt.train.batches import plan_micro_batches, shares_prompts
+    from paravt.train.kernels import liger_kernels
+    from paravt.train.logprobs import token_logprobs
 
     console = console or Console()
     engine = make_engine(cfg)
@@ -387,7 +396,8 @@ def _train_sft(cfg: SFTConfig, console=None) -> dict:
     root = Path(cfg.video_root) if cfg.video_root else Path(cfg.data).parent
     model, base, processor, params, opt, sched, step = _start_run(cfg, engine, console)
     renderer = Renderer(processor)
-    share_with = renderer if shares_prompts(model, cfg.packing, engine.mixed_precision == "bf16") else None
+    share_with = renderer if shares_prompts(model, cfg.packing, engine.mixed_precision == "bf16",
+                                            cfg.packed_attention) else None
     log = RunLogger(out, "sft", resume_step=step, enabled=engine.main, console=console)
     readers = _Readers()
     per_rank = cfg.batch_size // world
@@ -415,8 +425,9 @@ def _train_sft(cfg: SFTConfig, console=None) -> dict:
                     raise ConfigError(f"step {step}: the batch's rows have no assistant tokens")
                 opt.zero_grad(set_to_none=True)
                 groups = plan_micro_batches(seqs, cfg.packing, cfg.micro_batch_size, cfg.token_budget, share_with)
-                local = backward_micro_batches(engine, model, base, renderer, groups, n_tok, nll, cfg.packing,
-                                               cfg.logprob_chunk)
+                with liger_kernels(model, parts=cfg.liger):
+                    local = backward_micro_batches(engine, model, base, renderer, groups, n_tok, nll, cfg.packing,
+                                                   cfg.logprob_chunk, cfg.packed_attention)
                 total = engine.all_sum(local) / n_tok  # the batch's mean token NLL
                 gnorm = engine.clip_grad_norm(params, cfg.grad_clip)
                 if math.isfinite(total) and math.isfinite(gnorm):

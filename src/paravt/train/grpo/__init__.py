@@ -27,7 +27,7 @@ from paravt.train.grpo.loop import _RunState, load_state_of, train_grpo  # noqa:
 from paravt.train.grpo.rollouts import episode_record, play_jobs, rollout_metrics, run_rollouts
 from paravt.train.grpo.schedule import Job, gate_k, load_samples, plan_group, plan_jobs, prompt_schedule, rollout_seed
 from paravt.train.grpo.servers import staleness_stats
-from paravt.train.grpo.update import reference_logprobs, token_advantages, update_policy
+from paravt.train.grpo.update import reference_logprobs, token_advantages, train_passes, update_policy
 
 # the earlier module's private names that tests and benchmarks import
 _load_samples = load_samples
@@ -39,6 +39,6 @@ __all__ = [
     "K_CHOICES", "GRPOConfig", "Job", "TrainingDiverged", "add_kl_reward", "episode_record", "gate_k",
     "group_advantages", "kl_reward_to_go", "load_samples", "load_state_of", "normalize", "normalize_tokens",
     "plan_group", "plan_jobs", "play_jobs", "ppo_loss", "prompt_schedule", "reference_logprobs", "rollout_metrics",
-    "rollout_seed", "run_rollouts", "shape_rewards", "staleness_stats", "token_advantages", "train_grpo",
+    "rollout_seed", "run_rollouts", "shape_rewards", "staleness_stats", "token_advantages", "train_grpo", "train_passes",
     "update_policy",
 ]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from paravt.agent import EpisodeConfig
 from paravt.rewards import RewardConfig
-from paravt.train.config import check_finite, check_trainer, load_config
+from paravt.train.config import check_finite, check_switches, check_trainer, load_config
 from paravt.train.rollout import RolloutConfig
 from paravt.video import MAX_FRAMES
 
@@ -74,6 +74,10 @@ class GRPOConfig:
     engine: str = "auto"  # auto | single | ddp | fsdp (auto: fsdp under torchrun with >1 process)
     activation_checkpointing: bool = False
     checkpoint_every: int = 1  # activation checkpointing on every n-th layer only (1: all; more: faster, more memory)
+    checkpoint_part: str = "layer"  # what a checkpointed text layer recomputes: layer (all of it) | attention (only)
+    packed_attention: str = "auto"  # packed passes' attention: auto | sdpa (per sequence) | varlen (torch's kernel)
+    liger: list[str] = field(default_factory=list)  # Liger kernels: rms_norm, swiglu, rope, logprob (or [all])
+    vision_cache: bool = False  # a frozen vision tower's features computed once a step, for every pass (needs freeze_vision)
     cpu_offload: bool = False  # fsdp only: parameters, gradients and optimizer state in host memory
     freeze_vision: bool = False
     threads: int = 0  # torch CPU threads for this run (0: torch default; 1 is fastest on a busy shared CPU)
@@ -102,6 +106,7 @@ class GRPOConfig:
             raise ValueError(f"fixed_k must be <= {MAX_FRAMES}, got {self.fixed_k}")
         check_finite(self)
         check_trainer(self)
+        check_switches(self)
         if self.keep_best and self.keep_best not in KEEP_BEST_METRICS:
             raise ValueError(f"keep_best must name a step metric to maximise ({', '.join(KEEP_BEST_METRICS)}), "
                              f"got {self.keep_best!r}")

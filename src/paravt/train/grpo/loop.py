@@ -9,8 +9,8 @@ runs steps, each as named stages (docs/rl.md, "One step, as computed"):
 - score (`_score_groups`): each episode's reward breakdown; a group with a failed episode is dropped;
 - sequences (`_build_sequences`): shaped, group-normalised rewards (estimator steps 2–3) carried by
   token-exact sequences with the token anchors (step 4, train.sequences);
-- advantages (`_advantage_stage`): the KL reward and the token normalisation (steps 5–6, grpo.update);
-- update (`_update_stage`): the PPO optimizer steps (step 7, grpo.update);
+- advantages and update (`_passes_stage`, grpo.update.train_passes): the KL reward and the token
+  normalisation (steps 5–6), then the PPO optimizer steps (step 7), under the update's switches;
 - sync (`grpo.servers.sync_weights`): the new weights to the rollout servers;
 - log / save (`_step_metrics`, `_log_step`, `_save`): log.jsonl, TensorBoard, rollouts.jsonl, warnings,
   checkpoints; `_RunState` is what a resumed run restores besides the weights and the optimizer.
@@ -37,8 +37,8 @@ from paravt.train.grpo.estimator import group_advantages, normalize, shape_rewar
 from paravt.train.grpo.rollouts import collect_rollouts, episode_record, rollout_metrics
 from paravt.train.grpo.schedule import Job, load_samples
 from paravt.train.grpo.servers import async_metrics, start_producer, start_servers, sync_weights
-from paravt.train.grpo.update import reference_logprobs, token_advantages, update_policy
-from paravt.train.sequences import TrainSequence
+from paravt.train.grpo.update import train_passes
+from paravt.train.sequences import TrainSequence, episode_sequences
 
 if TYPE_CHECKING:
     from paravt.agent import Episode
@@ -286,10 +286,9 @@ def _step(t: _Trainer) -> dict:
     if not engine.all_max(len(seqs)):
         why = f" (first: {dropped[0]})" if dropped else ""
         raise RuntimeError(f"step {step + 1}: no trainable sequences: every group was dropped{why}")
-    kl_stats = _advantage_stage(t, seqs)
-    t1 = time.perf_counter()
-    upd = {**_update_stage(t, seqs, step), **kl_stats}
-    update_s = time.perf_counter() - t1
+    kl_stats, upd = _passes_stage(t, seqs, step)
+    upd = {**upd, **kl_stats}
+    update_s = upd.pop("update_s")
     run.step = step = step + 1
     run.nonfinite_streak = run.nonfinite_streak + 1 if upd["skipped_updates"] == upd["updates"] else 0
     sync_s = 0.0
@@ -368,7 +367,6 @@ def _build_sequences(cfg: GRPOConfig, engine, renderer, kept: list[list[tuple]],
     (estimator steps 2–3) plus the token anchors (step 4, added by episode_sequences), the episodes'
     log records, and how many episodes drifted. With adv_norm `episode` the values are normalised
     again over the batch's episodes here."""
-    from paravt.train.sequences import episode_sequences
 
     shaped = shape_rewards([[bd.total for _, _, bd in g] for g in kept], cfg.reward)
     advs = group_advantages(shaped, cfg.adv_eps, batch_norm=False)
@@ -393,23 +391,17 @@ def _build_sequences(cfg: GRPOConfig, engine, renderer, kept: list[list[tuple]],
     return seqs, records, drift
 
 
-def _advantage_stage(t: _Trainer, seqs: list[TrainSequence]) -> dict[str, float]:
-    """Per-token advantages (grpo.update.token_advantages), after, with asynchronous rollouts and more
-    than one optimizer step, decoupled PPO's proximal policy: the weights about to be updated, fixed
-    over the step's optimizer steps (with one, it is the update's own forward: see update_policy)."""
+def _passes_stage(t: _Trainer, seqs: list[TrainSequence], step: int) -> tuple[dict, dict]:
+    """The advantages and the update (grpo.update.train_passes), then the lr schedule's step. With
+    asynchronous rollouts and more than one optimizer step, decoupled PPO's proximal policy first:
+    the weights about to be updated, fixed over the step's optimizer steps (with one, it is the
+    update's own forward: see update_policy)."""
     cfg = t.cfg
-    if t.producer is not None and (cfg.ppo_epochs > 1 or cfg.minibatches > 1):
-        reference_logprobs(t.engine, t.model, t.base, t.renderer, seqs, cfg, into="prox_logprobs")
-    return token_advantages(cfg, t.engine, t.ref, t.base, t.renderer, seqs)
-
-
-def _update_stage(t: _Trainer, seqs: list[TrainSequence], step: int) -> dict[str, float]:
-    """The policy in train mode, its optimizer steps, then the lr schedule's step."""
-    t.base.train()
-    upd = update_policy(t.cfg, t.engine, t.model, t.base, t.ref, t.renderer, t.opt, t.params, seqs, step,
-                        decoupled=t.producer is not None)
+    prox = t.producer is not None and (cfg.ppo_epochs > 1 or cfg.minibatches > 1)
+    out = train_passes(cfg, t.engine, t.model, t.base, t.ref, t.renderer, t.opt, t.params, seqs, step,
+                       decoupled=t.producer is not None, prox=prox)
     step_schedule(t.sched)
-    return upd
+    return out
 
 
 def _step_metrics(t: _Trainer, roll: _Rollouts, kept: list[list[tuple]], seqs: list[TrainSequence],

@@ -16,30 +16,35 @@ from typing import Callable
 
 import torch
 
+from paravt.train.attention import varlen_attention
+from paravt.train.batches import Batch, make_batch, plan_micro_batches, sequence_rows, shares_prompts
 from paravt.train.grpo.config import GRPOConfig
 from paravt.train.grpo.estimator import add_kl_reward, normalize_tokens, ppo_loss
-from paravt.train.sequences import Batch, TrainSequence
+from paravt.train.kernels import liger_kernels
+from paravt.train.logprobs import token_logprobs
+from paravt.train.sequences import TrainSequence
+from paravt.train.sft import backward_micro_batches
+from paravt.train.vision_cache import VisionFeatures, step_features
 
 
 def reference_logprobs(engine, ref, base, renderer, seqs: list[TrainSequence], cfg: GRPOConfig,
-                       into: str = "ref_logprobs") -> None:
+                       into: str = "ref_logprobs", vision: VisionFeatures | None = None) -> None:
     """log π_τ of `ref` (the reference, or the policy itself for decoupled PPO's π_prox) at every
     sequence's tokens (packed: its trained tokens, the only ones read), into `TrainSequence.<into>`,
     without grad; every process runs the same number of passes (sharded models: collectives must
-    match). The passes are the update's: packed by cfg.token_budget, or cfg.micro_batch_size padded."""
-    from paravt.train.sequences import (VARLEN_SDPA, make_batch, plan_micro_batches, sequence_rows, shares_prompts,
-                                        token_logprobs, varlen_attention)
-
-    share = shares_prompts(ref, cfg.packing, engine.mixed_precision == "bf16")
+    match). The passes are the update's: packed by cfg.token_budget, or cfg.micro_batch_size padded.
+    `vision`: the step's vision features (train.vision_cache), reused where a pass's frames have them."""
+    bf16 = engine.mixed_precision == "bf16"
+    share = shares_prompts(ref, cfg.packing, bf16, cfg.packed_attention)
     groups = plan_micro_batches(seqs, cfg.packing, cfg.micro_batch_size, cfg.token_budget, renderer if share else None)
     n = engine.all_max(len(groups))
-    with torch.no_grad(), varlen_attention(ref, bf16_compute=engine.mixed_precision == "bf16") if cfg.packing \
-            else nullcontext() as impl:
+    with torch.no_grad(), varlen_attention(ref, bf16_compute=bf16, choice=cfg.packed_attention) if cfg.packing \
+            else nullcontext():
         for gi in range(n):
             real = gi < len(groups)
             group = groups[gi if real else 0]
-            batch = make_batch(base, renderer, group, cfg.packing, chunk=cfg.logprob_chunk,
-                               share_prompts=impl == VARLEN_SDPA)
+            batch = make_batch(base, renderer, group, cfg.packing, chunk=cfg.logprob_chunk, share_prompts=share,
+                               vision=vision)
             with engine.autocast():
                 lp, _ = token_logprobs(ref, batch, temperature=cfg.temperature, banned=renderer.banned_ids)
             if real:
@@ -47,13 +52,35 @@ def reference_logprobs(engine, ref, base, renderer, seqs: list[TrainSequence], c
                     setattr(q, into, row)
 
 
-def token_advantages(cfg: GRPOConfig, engine, ref, base, renderer, seqs: list[TrainSequence]) -> dict[str, float]:
+def train_passes(cfg: GRPOConfig, engine, model, base, ref, renderer, opt, params, seqs: list[TrainSequence],
+                 step: int, decoupled: bool = False, prox: bool = False) -> tuple[dict[str, float], dict[str, float]]:
+    """A step's model passes after its rollouts, under the update's switches (docs/gpu.md: Liger's
+    kernels on the policy's and the reference's passes, a frozen vision tower's features computed
+    once for all of them; the packed attention and activation checkpointing are the passes' own):
+    with `prox`, decoupled PPO's π_prox over the rollouts, then the advantages (`token_advantages`,
+    the reference's forward under kl_mode reward), then the update (`update_policy`, the policy in
+    train mode). Returns (the KL statistics, the update's metrics with `update_s`, its seconds)."""
+    agree = lambda need: engine.all_max(int(need)) > 0  # noqa: E731 - every process's passes run the tower alike
+    with liger_kernels(model, ref, parts=cfg.liger), \
+            step_features(model, ref, enabled=cfg.vision_cache, agree=agree) as vision:
+        if prox:
+            reference_logprobs(engine, model, base, renderer, seqs, cfg, into="prox_logprobs", vision=vision)
+        kl_stats = token_advantages(cfg, engine, ref, base, renderer, seqs, vision)
+        t0 = time.perf_counter()
+        base.train()
+        upd = update_policy(cfg, engine, model, base, ref, renderer, opt, params, seqs, step, decoupled, vision)
+        upd["update_s"] = time.perf_counter() - t0
+    return kl_stats, upd
+
+
+def token_advantages(cfg: GRPOConfig, engine, ref, base, renderer, seqs: list[TrainSequence],
+                     vision: VisionFeatures | None = None) -> dict[str, float]:
     """Per-token advantages as the recipe forms them, in place: with kl_mode `reward`, the KL
     reward-to-go from a reference pass over the rollout tokens (step 5); with adv_norm `token`, the
     batch normalisation over trained tokens (step 6). Returns the KL statistics (k3 and k1 per token)."""
     stats: dict[str, float] = {}
     if ref is not None and cfg.kl_mode == "reward":
-        reference_logprobs(engine, ref, base, renderer, seqs, cfg)
+        reference_logprobs(engine, ref, base, renderer, seqs, cfg, vision=vision)
         k1, k3, n = add_kl_reward(seqs, cfg.kl_coef, cfg.kl_clamp)
         n = max(engine.all_sum(n), 1.0)
         stats = {"kl": engine.all_sum(k3) / n, "kl_k1": engine.all_sum(k1) / n}
@@ -79,8 +106,6 @@ def _surrogate(cfg: GRPOConfig, model, ref, renderer, decoupled: bool, totals: _
                ) -> Callable[[Batch, bool], torch.Tensor]:
     """The loss of one micro-batch (`backward_micro_batches` calls it; `real` false for the padding
     passes that keep processes in step), which also adds to `totals`."""
-    from paravt.train.sequences import token_logprobs, varlen_attention
-
     kl_in_loss = ref is not None and cfg.kl_mode == "loss"
 
     def surrogate(batch: Batch, real: bool) -> torch.Tensor:
@@ -88,7 +113,8 @@ def _surrogate(cfg: GRPOConfig, model, ref, renderer, decoupled: bool, totals: _
                                    banned=renderer.banned_ids)
         ref_logp = None
         if kl_in_loss:
-            with torch.no_grad(), varlen_attention(ref, bf16_compute=cfg.mixed_precision == "bf16") \
+            with torch.no_grad(), varlen_attention(ref, bf16_compute=cfg.mixed_precision == "bf16",
+                                                   choice=cfg.packed_attention) \
                     if batch.rows is not None else nullcontext():
                 ref_logp, _ = token_logprobs(ref, batch, temperature=cfg.temperature, banned=renderer.banned_ids)
         prox = batch.prox_logprobs
@@ -117,20 +143,19 @@ def _surrogate(cfg: GRPOConfig, model, ref, renderer, decoupled: bool, totals: _
 
 
 def update_policy(cfg: GRPOConfig, engine, model, base, ref, renderer, opt, params, seqs: list[TrainSequence],
-                  step: int, decoupled: bool = False) -> dict[str, float]:
+                  step: int, decoupled: bool = False, vision: VisionFeatures | None = None) -> dict[str, float]:
     """PPO epochs x minibatches of optimizer steps over the step's sequences (this process's share;
     the loss is the token mean over all processes' sequences, see sft.backward_micro_batches).
     Every logprob is log π_τ at the rollouts' temperature. An optimizer step whose loss or gradient
     norm is not finite is skipped (as the recipe's engine does) and counted: applying it would
     write NaN into every weight. `decoupled` (asynchronous rollouts): the decoupled PPO loss around
     π_prox, the sequences' `prox_logprobs`, or, when the step takes a single optimizer step, this
-    forward's own log π_θ detached (the same weights: one pass fewer, the same gradient)."""
+    forward's own log π_θ detached (the same weights: one pass fewer, the same gradient). `vision`:
+    the step's vision features (train.vision_cache)."""
     import numpy as np
 
-    from paravt.train.sequences import plan_micro_batches, shares_prompts
-    from paravt.train.sft import backward_micro_batches
-
-    share_with = renderer if shares_prompts(model, cfg.packing, engine.mixed_precision == "bf16") else None
+    share_with = renderer if shares_prompts(model, cfg.packing, engine.mixed_precision == "bf16",
+                                            cfg.packed_attention) else None
 
     n_mb = -engine.all_max(-min(cfg.minibatches, len(seqs)))  # every process takes the same optimizer steps
     rng = np.random.default_rng([cfg.seed, step, 7])
@@ -147,7 +172,8 @@ def update_policy(cfg: GRPOConfig, engine, model, base, ref, renderer, opt, para
             opt.zero_grad(set_to_none=True)
             groups = plan_micro_batches(mb_seqs, cfg.packing, cfg.micro_batch_size, cfg.token_budget, share_with)
             mb_loss = engine.all_sum(backward_micro_batches(engine, model, base, renderer, groups, n_tok, surrogate,
-                                                            cfg.packing, cfg.logprob_chunk))
+                                                            cfg.packing, cfg.logprob_chunk, cfg.packed_attention,
+                                                            vision))
             totals.sums["loss"] += mb_loss
             seen_tokens += sum(len(q.ids) for q in mb_seqs)
             gnorm = engine.clip_grad_norm(params, cfg.grad_clip)  # the global norm: every process agrees
