@@ -373,3 +373,54 @@ def test_native_backend_requests_carry_tools_and_read_tool_calls():
     assert "tools" not in by_mode[False]
     assert [c.arguments for c in P.parse(native.text).calls] == [c.arguments for c in P.parse(text.text).calls]
     assert native.text == text.text == TWO_CALLS[len(P.THINK_PREFIX):]
+
+
+@pytest.mark.slow
+def test_native_and_text_tool_calls_dispatch_the_same_crops(tmp_path):
+    """The shipped model served by paravt serve (in-process), one greedy K=4 episode per mode on a
+    SynthVT-mini video: native mode's requests declare the tool as `tools` and its replies come back
+    as `tool_calls`, its later turns send tool_calls and tool messages; both modes dispatch the same
+    crops, and every turn's prompt is the same tokens."""
+    import torch
+
+    from paravt.agent import EpisodeConfig, run_episode_sync
+    from paravt.ask import DEFAULT_MODEL
+    from paravt.backends.hf import HFBackend
+    from paravt.backends.openai import OpenAIBackend
+    from paravt.models import load_model
+    from paravt.synth.dataset import MINI_TASK
+    from paravt.synth.render import make_spec, write_video
+
+    torch.manual_seed(0)
+    spec = make_spec(0, min_len=MINI_TASK["min_len"], max_len=MINI_TASK["max_len"], n_events=MINI_TASK["n_events"],
+                     event_len=(MINI_TASK["event_min"], MINI_TASK["event_max"]))
+    video = write_video(spec, tmp_path / "synth_0.mp4")
+    question = f"What colour was the {spec.events[0].shape}? Answer with one word."  # SynthVT-mini's colour_oe
+    bodies, replies = [], []
+
+    class Recording(OpenAIBackend):
+        async def _try(self, st, url, body):
+            data = await super()._try(st, url, body)
+            bodies.append(json.loads(json.dumps(body)))
+            replies.append(data)
+            return data
+
+    model, processor = load_model(str(DEFAULT_MODEL), device="cpu")
+    with Server(create_app(HFBackend(model, processor, max_batch=8), "tiny-paravt")) as s:
+        eps = {mode: run_episode_sync(Recording(s.url, timeout_s=120), video, question,
+                                      EpisodeConfig(frames=4, max_new_tokens=256, sub_max_new_tokens=96,
+                                                    tool_calls=mode), question_type="oe")
+               for mode in ("text", "native")}
+    text, native = eps["text"], eps["native"]
+    crops = {m: [[(c.start, c.end, c.status) for c in t.calls] for t in ep.turns] for m, ep in eps.items()}
+    assert crops["native"] == crops["text"] and len(crops["text"][0]) >= 2 and text.n_executed_calls >= 2
+    assert [t.generation.prompt_ids for t in native.turns] == [t.generation.prompt_ids for t in text.turns]
+    assert native.answer == text.answer
+    mains = [(b, r) for b, r in zip(bodies, replies) if any(m["role"] == "system" for m in b["messages"])]
+    native_mains = [(b, r) for b, r in mains if "tools" in b]
+    assert len(native_mains) == len(native.turns) and len(mains) == len(text.turns) + len(native.turns)
+    first_reply = native_mains[0][1]["choices"][0]
+    assert first_reply["finish_reason"] == "tool_calls" and len(first_reply["message"]["tool_calls"]) >= 2
+    later = native_mains[1][0]["messages"]
+    assert [m["role"] for m in later].count("tool") == len(crops["native"][0])
+    assert next(m for m in later if m["role"] == "assistant")["tool_calls"]
