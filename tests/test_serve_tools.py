@@ -169,6 +169,7 @@ def test_the_openai_client_gets_tool_calls_as_vllm_hermes_gives_them():
         assert b.seen[-1].messages[0].text() == P.native_tools_block([CROP])  # declared in a system turn
         one = ask(client, parallel_tool_calls=False).choices[0].message.tool_calls
         assert [json.loads(t.function.arguments) for t in one] == [{"start_time": 0, "end_time": 15}]
+        assert b.seen[-1].stop == ["</tool_call>"]  # the model is stopped after its first call
         blank = ask(client).choices[0]  # only blank text before the call: content is null
         assert blank.message.content is None and blank.finish_reason == "tool_calls"
         none = ask(client, tool_choice="none").choices[0]  # declared, not read

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from paravt import protocol as P
 from paravt.backends.base import GenerateRequest, Message, TextPart
 from paravt.serve.errors import PayloadError, PayloadTooLarge
 from paravt.serve.images import (MAX_IMAGE_PIXELS, ImageFit, ImageLimits, PendingImage, decode_pending, open_image,
@@ -300,6 +301,8 @@ def parse_chat_request(body: Any, max_pixels: int = MAX_IMAGE_PIXELS, limits: Im
     stop = [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or len(stop) > 16 or not all(isinstance(s, str) and s for s in stop):
         raise PayloadError("stop must be a non-empty string or a list of at most 16 non-empty strings")
+    if tools is not None and tools.reads_calls and not tools.parallel:
+        stop = [*stop, P.TOOL_CALL_CLOSE]  # one call: the reply ends with it (vLLM's grammar stops it there)
     req = GenerateRequest(messages=messages, max_new_tokens=max_new, temperature=temperature, top_p=top_p,
                           prefix=prefix, stop=list(stop), seed=None if seed is None else seed % (2**63))
     parsed = ChatRequest(request=req, model=model, logprobs=bool(body.get("logprobs", False)),

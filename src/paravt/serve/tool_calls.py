@@ -17,7 +17,8 @@ In, through the model's own chat template (Qwen3-VL's):
 `tool_choice`: "auto" (the default when tools are given) reads the reply for calls; "none" declares
 the tools all the same (vLLM's default) and leaves the reply as text; "required" and a named function
 are refused (400): vLLM forces them with guided decoding, which paravt serve does not have.
-`parallel_tool_calls: false` keeps the first call only. `functions` / `function_call` (the API's
+`parallel_tool_calls: false`: the generation stops at the end of the first call (`</tool_call>` as a
+stop string; vLLM stops it there with a grammar), and only the first call is returned. `functions` / `function_call` (the API's
 deprecated form) are refused.
 
 Out, as the hermes parser reads a reply: every `<tool_call>` block (the last one to the end of the
