@@ -22,8 +22,8 @@ back, the answer and its score, and writes summary.json.
         [--model src/paravt/assets/paradox-base]
 
 The default model is the shipped `paradox-base`, whose tool habit is LongVT's: one `crop_video` call a
-turn in Hermes layout, no think block, a plain answer sentence. `tiny-paravt` was trained with a forced
-`<think>\\n` and parallel calls; without the prefix (lmms-eval forces none) it writes no readable call.
+turn in Hermes layout, no think block, a plain answer sentence. `tiny-paravt`, trained with a forced
+`<think>\\n` under paravt's tool block, writes no readable call under this prompt.
 """
 
 from __future__ import annotations
