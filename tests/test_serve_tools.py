@@ -275,6 +275,25 @@ def test_what_is_not_honoured_is_refused_with_a_clear_400(refuser, extra, needle
     assert not b.seen
 
 
+def test_images_of_tool_messages_are_bounded_as_a_users_are():
+    """A tool message's frames count toward the request's image limits and are data URLs only; a
+    history whose call arguments nest past the JSON parser is still served (they become {})."""
+    b = Replies("fine")
+    tool = {"role": "tool", "content": [{"type": "text", "text": "frames"},
+                                        {"type": "image_url", "image_url": {"url": png(3)}}]}
+    with Server(create_app(b, "m", max_images=1)) as s:
+        two = httpx.post(s.url + CHAT, json={"messages": [tool, tool]})
+        assert two.status_code == 400 and "over the limit of 1 images" in two.json()["error"]["message"]
+        url = {"role": "tool", "content": [{"type": "image_url", "image_url": {"url": "http://example.com/a.png"}}]}
+        far = httpx.post(s.url + CHAT, json={"messages": [url]})
+        assert far.status_code == 400 and "never fetches" in far.json()["error"]["message"]
+        deep = {"role": "assistant", "content": None, "tool_calls": [{"id": "a", "type": "function", "function": {
+            "name": "crop_video", "arguments": "[" * 100000 + "]" * 100000}}]}
+        ok = httpx.post(s.url + CHAT, json={"messages": [deep, tool]})
+        assert ok.status_code == 200, ok.text
+    assert '"arguments": {}' in b.seen[-1].messages[0].text()
+
+
 def test_response_format_text_and_auto_are_accepted():
     b = Replies("fine", "fine")
     with Server(create_app(b, "m")) as s:
@@ -412,6 +431,10 @@ def test_native_and_text_tool_calls_dispatch_the_same_crops(tmp_path):
                                       EpisodeConfig(frames=4, max_new_tokens=256, sub_max_new_tokens=96,
                                                     tool_calls=mode), question_type="oe")
                for mode in ("text", "native")}
+        first = next(b for b in bodies if "tools" in b)  # the native first turn again, streamed as it decodes
+        chunks = [c for c in events(httpx.post(s.url + CHAT, json={**first, "stream": True, "logprobs": False,
+                                                                   "return_token_ids": False}, timeout=120))
+                  if isinstance(c, dict)]
     text, native = eps["text"], eps["native"]
     crops = {m: [[(c.start, c.end, c.status) for c in t.calls] for t in ep.turns] for m, ep in eps.items()}
     assert crops["native"] == crops["text"] and len(crops["text"][0]) >= 2 and text.n_executed_calls >= 2
@@ -422,6 +445,15 @@ def test_native_and_text_tool_calls_dispatch_the_same_crops(tmp_path):
     assert len(native_mains) == len(native.turns) and len(mains) == len(text.turns) + len(native.turns)
     first_reply = native_mains[0][1]["choices"][0]
     assert first_reply["finish_reason"] == "tool_calls" and len(first_reply["message"]["tool_calls"]) >= 2
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert "".join(d.get("content") or "" for d in deltas) == first_reply["message"]["content"]
+    assert sum(1 for d in deltas if d.get("content")) > 2  # the think went out while the model decoded
+    streamed = [t["function"] for d in deltas for t in d.get("tool_calls") or [] if "name" in t["function"]]
+    assert [f["name"] for f in streamed] == [t["function"]["name"] for t in first_reply["message"]["tool_calls"]]
+    args = ["".join(t["function"]["arguments"] for d in deltas for t in d.get("tool_calls") or [] if t["index"] == i)
+            for i in range(len(streamed))]
+    assert args == [t["function"]["arguments"] for t in first_reply["message"]["tool_calls"]]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
     later = native_mains[1][0]["messages"]
     assert [m["role"] for m in later].count("tool") == len(crops["native"][0])
     assert next(m for m in later if m["role"] == "assistant")["tool_calls"]

@@ -155,7 +155,7 @@ def _arguments(args: Any) -> dict:
     if isinstance(args, str):
         try:
             args = json.loads(args) if args else {}
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
             return {}
     return args if isinstance(args, dict) else {}
 
@@ -197,8 +197,12 @@ def read_calls(text: str, use: ToolUse | None) -> CallsRead | None:
         obj = json.loads(c.raw)
         if not isinstance(obj["name"], str):
             return None
+        try:
+            args = json.dumps(obj["arguments"], ensure_ascii=False)
+        except (ValueError, RecursionError):  # nested deeper than the encoder goes
+            return None
         out.append({"id": "chatcmpl-tool-" + uuid.uuid4().hex[:16], "type": "function",
-                    "function": {"name": obj["name"], "arguments": json.dumps(obj["arguments"], ensure_ascii=False)}})
+                    "function": {"name": obj["name"], "arguments": args}})
     content = text[: text.find(P.TOOL_CALL_OPEN)]
     return CallsRead(content if content.strip() else None, out if use.parallel else out[:1])
 
