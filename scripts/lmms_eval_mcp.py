@@ -8,8 +8,8 @@ messages. Here:
 - the model is scripted (the shape of a model served with native tool calls, as vLLM's
   `--enable-auto-tool-choice --tool-call-parser hermes` answers): first turn, a crop_video and a
   watch_window call on the video path lmms-eval wrote into the prompt; once tool results are there,
-  an answer naming what they held. `paravt serve` cannot be this model: it refuses `tools` in a
-  request (paravt's episode writes its calls as text tags);
+  an answer naming what they held (scripts/longvt_loop.py runs the loop with `paravt serve` and a
+  shipped model instead);
 - the task is a local `--include_path` task of SynthVT-mini questions whose message holds the video.
 
 It prints what lmms-eval logged per sample (its response string records each call and the text of its

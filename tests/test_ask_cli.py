@@ -76,6 +76,20 @@ def test_ask_prints_the_episode_live_and_writes_trace_and_timeline(video, script
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
 
 
+@pytest.mark.parametrize("tool_calls", ["text", "native"])
+def test_ask_tool_calls_reach_the_main_agents_requests(video, scripted, tmp_path, tool_calls):
+    """--tool-calls says how the backend sends the tool and reads the calls (main turns only: a
+    sub-agent has no tool); the episode and its trace are the same either way."""
+    trace = tmp_path / "t.json"
+    r = invoke(video, "Q?", "--frames", "4", "--json", trace, "--tool-calls", tool_calls)
+    assert r.exit_code == 0, r.output
+    reqs = scripted[0][2].requests
+    assert {q.tool_calls for q in reqs if q.role == "main"} == {tool_calls}
+    assert {q.tool_calls for q in reqs if q.role == "sub"} == {"text"}
+    ep = json.loads(trace.read_text())
+    assert ep["config"]["tool_calls"] == tool_calls and [c["status"] for c in ep["turns"][0]["calls"]] == ["ok", "ok"]
+
+
 @pytest.mark.parametrize("mode", ["parallel", "sequential", "inline", "none"])
 def test_ask_modes(video, scripted, tmp_path, mode):
     trace = tmp_path / "t.json"

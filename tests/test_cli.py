@@ -112,7 +112,8 @@ def nothing_loads(monkeypatch):
 
 BAD_SIZES = [(["--frames", "10001"], "frames must be <= 10000"), (["--frames", "0"], "frames must be >= 1"),
              (["--max-turns", "0"], "max_turns must be >= 1"), (["--max-parallel", "0"], "max_parallel must be >= 1"),
-             (["--max-new-tokens", "0"], "max_new_tokens must be >= 1")]
+             (["--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
+             (["--tool-calls", "xml"], "tool_calls must be text or native, got 'xml'")]
 
 
 @pytest.mark.parametrize("flags,needle", BAD_SIZES, ids=[" ".join(f) for f, _ in BAD_SIZES])

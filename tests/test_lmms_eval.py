@@ -557,3 +557,30 @@ def test_traces_open_in_paravt_eval_report(bench_tasks, tmp_path):
                         "2"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert html.is_file() and "charades_local" in html.read_text()
+
+
+# ---- (d) LongVT's own loop: lmms-eval's async_openai + paravt mcp + paravt serve -----------------------
+
+
+def test_longvts_loop_runs_on_paravt_serve_and_paravt_mcp(tmp_path):
+    """scripts/longvt_loop.py on two SynthVT-mini questions of one video: lmms-eval's async_openai
+    declares paravt mcp's tools to paravt serve (the shipped paradox-base), the call paravt serve reads
+    from the model's reply reaches crop_video, its frames go back as images of a tool message, the
+    model answers, and lmms-eval scores the answer as paravt scores it."""
+    out = tmp_path / "loop"
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "longvt_loop.py"), "--out", str(out), "--n", "2"],
+                       capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    summary = json.loads((out / "summary.json").read_text())
+    rows = {row["id"]: row for row in summary["rows"]}
+    assert len(rows) == 2
+    colour = rows["test_00000-q0"]  # the event question: the model crops (the background control it answers)
+    assert [c["name"] for c in colour["calls"]] == ["crop_video"] and colour["calls"][0]["frames"] >= 1
+    assert colour["calls"][0]["result"].startswith("Frames of ")
+    truth = {s.id: s for s in load_benchmark("synthvt", out / "split").samples}
+    for sid, row in rows.items():  # (the whole final turn is logged: the answers are short)
+        s = truth[sid]
+        assert row["score"] == score_prediction(P.extract_answer(row["final"]), s.answer, s.question_type)
+    assert summary["score"] == pytest.approx(colour["lmms_eval_mean"])
+    print(f"\nLongVT's loop on paravt serve (paradox-base) + paravt mcp: {summary['calls']} call(s), "
+          f"{summary['frames_back']} frames back, score {summary['score']:.2f}, {summary['seconds']:.0f} s")

@@ -312,3 +312,31 @@ def test_http_binds_loopback_only(media):
     r = subprocess.run([sys.executable, "-m", "paravt", "mcp", "--http", "--host", "0.0.0.0", "--media-root",
                         str(media["root"])], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "loopback address only" in r.stderr
+
+
+def test_a_server_bound_to_one_video_reads_it_whatever_a_call_names(media):
+    """`--video FILE`: every call reads that file, with or without a video_path (a model trained on
+    paravt's schema writes none; lmms-eval passes the model's arguments as they are), and a path the
+    model writes opens nothing else (paravt's rule: the model never chooses the file). The tools keep
+    LongVT's schema."""
+    out = media["base"] / "bound" / "paravt_mcp.py"
+    r = subprocess.run([sys.executable, "-m", "paravt", "mcp", "--video", str(media["video"]), "--write-script",
+                        str(out)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+
+    async def work(session):
+        schema = {t.name: t for t in (await session.list_tools()).tools}["crop_video"].inputSchema
+        bare = await session.call_tool("crop_video", {"start_time": 3, "end_time": 6})
+        other = await session.call_tool("crop_video", {"video_path": str(media["outside"]), "start_time": 3,
+                                                       "end_time": 6})
+        return schema, bare, other
+
+    schema, bare, other = run(stdio_session(script_params(out), work))
+    assert "video_path" in schema["required"]
+    for result in (bare, other):
+        assert not result.isError, result
+        assert result.structuredContent["frame_times"] == [3.5, 4.5, 5.5]
+        assert result.content[0].text.startswith("Frames of 3.0-6.0 s of v.mp4")
+    r = subprocess.run([sys.executable, "-m", "paravt", "mcp", "--video", str(media["base"] / "nope.mp4"),
+                        "--print-config"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "not a file" in r.stderr

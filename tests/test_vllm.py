@@ -238,3 +238,131 @@ def test_a_killed_a_hung_vllm_and_a_killed_trainer(split, tmp_path):
         "rollout.server_args": json.dumps(server_args)}, start_s=900)
     print(f"\nvLLM: step 4 came {took['step_4_after_stop_s']:.0f} s after its server was stopped; a killed "
           f"trainer's vLLM was gone {took['server_gone_after_kill_s']:.1f} s after the kill")
+
+
+# ---- OpenAI tool calling: paravt serve against vLLM's hermes parser --------------------------------------
+
+LONGVT_ARGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")  # how LongVT's eval starts vLLM
+
+
+@pytest.fixture(scope="module")
+def vllm_tools(tmp_path_factory):
+    """The shipped model on vLLM started as LongVT starts it (native tool calls, the hermes parser)."""
+    log = tmp_path_factory.mktemp("vllm_tools") / "vllm.log"
+    with VLLMServer(DEFAULT_MODEL, *LONGVT_ARGS, "--no-enable-chunked-prefill", log=log) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def served_tiny():
+    """The same checkpoint behind paravt serve (in-process, a thread)."""
+    from servetools import Server
+
+    from paravt.backends.hf import HFBackend
+    from paravt.models import load_model
+    from paravt.serve import create_app
+
+    model, processor = load_model(str(DEFAULT_MODEL), device="cpu")
+    with Server(create_app(HFBackend(model, processor), DEFAULT_MODEL.name)) as s:
+        yield s, processor
+
+
+def _tool_requests(split) -> dict[str, dict]:
+    """What lmms-eval's loop and paravt's native mode send: an episode's first turn with the tool
+    declared, the same with tool_choice none and with parallel_tool_calls false, and a history of
+    tool_calls (content text, null and "", arguments that are not JSON) and tool messages (text, text
+    parts, an image), with and without a system message."""
+    from paravt import protocol as P
+    from paravt.agent import build_main_messages
+    from paravt.backends.openai import to_native_messages
+    from paravt.video import VideoReader
+
+    with VideoReader(split / "videos" / "test_00000.mp4") as r:
+        msgs = build_main_messages(r.overview(4), r.duration, QUESTION, "oe", "parallel")
+    native, tools = to_native_messages(msgs, prefix=P.THINK_PREFIX)
+    cont = {"continue_final_message": True, "add_generation_prompt": False}
+    first = {"messages": native, "tools": tools, "tool_choice": "auto", **cont}
+
+    def call(i, args):
+        return {"id": f"c{i}", "type": "function", "function": {"name": "crop_video", "arguments": args}}
+
+    history = native[:2] + [
+        {"role": "assistant", "content": "<think>\nlook\n</think>", "tool_calls": [
+            call(0, '{"start_time": 0, "end_time":15}'), call(1, "not json")]},
+        {"role": "tool", "tool_call_id": "c0", "content": "At 3.0 s a white square."},
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "Frames<0.5 seconds>"},
+                                                           native[1]["content"][1], {"type": "text", "text": "end"}]},
+        {"role": "assistant", "content": None, "tool_calls": [call(2, '{"start_time": 3, "end_time": 4}')]},
+        {"role": "tool", "tool_call_id": "c2", "content": "x"},
+        {"role": "assistant", "content": "", "tool_calls": [call(3, "")]},
+        {"role": "tool", "tool_call_id": "c3", "content": []},
+        {"role": "user", "content": "Answer now."}]
+    return {"first": first, "tool_choice none": {**first, "tool_choice": "none"},
+            "one call": {**first, "parallel_tool_calls": False},
+            "history": {"messages": history, "tools": tools},
+            "history, empty system": {"messages": [{"role": "system", "content": ""}] + history[1:], "tools": tools}}
+
+
+def test_tool_calling_on_paravt_serve_equals_vllms_hermes_parser(split, vllm_tools, served_tiny):
+    """The same requests, greedy, to vLLM (hermes parser) and to paravt serve, same checkpoint: the same
+    prompt tokens (tools, tool_calls and tool messages rendered alike), the same generated tokens, the
+    same content, tool_calls (name, arguments) and finish_reason; streamed, the same calls again."""
+    import openai
+
+    server, _ = served_tiny
+    urls = {"vllm": vllm_tools.url, "paravt": server.url}
+    for name, body in _tool_requests(split).items():
+        body = {**body, "model": str(DEFAULT_MODEL), "max_tokens": 200, "temperature": 0, "return_token_ids": True,
+                "skip_special_tokens": False}
+        got = {}
+        for who, url in urls.items():
+            r = httpx.post(url + "/v1/chat/completions", json={**body, "model": DEFAULT_MODEL.name} if who == "paravt"
+                           else body, timeout=300)
+            assert r.status_code == 200, (who, name, r.text[:500])
+            data = r.json()
+            c = data["choices"][0]
+            got[who] = {"prompt": data["prompt_token_ids"], "tokens": c["token_ids"], "finish": c["finish_reason"],
+                        "content": c["message"].get("content"), "calls": [
+                            (t["type"], t["function"]["name"], t["function"]["arguments"])
+                            for t in c["message"].get("tool_calls") or []]}
+        a, b = got["vllm"], got["paravt"]
+        if name == "one call":  # vLLM's grammar ends the reply after the call's </tool_call>, paravt at it
+            a.pop("tokens"), b.pop("tokens")
+        assert a == b, name
+        if name == "first":
+            assert a["finish"] == "tool_calls" and len(a["calls"]) >= 2
+            first = a
+    for who, url in urls.items():  # streamed through the official client
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=300)
+        body = _tool_requests(split)["first"]
+        chunks = client.chat.completions.create(
+            model=str(DEFAULT_MODEL) if who == "vllm" else DEFAULT_MODEL.name, messages=body["messages"],
+            tools=body["tools"], temperature=0, max_tokens=200, stream=True,
+            extra_body={"continue_final_message": True, "add_generation_prompt": False})
+        calls: dict[int, list] = {}
+        finish = None
+        for ch in chunks:
+            if ch.choices:
+                finish = ch.choices[0].finish_reason or finish
+                for t in ch.choices[0].delta.tool_calls or []:
+                    entry = calls.setdefault(t.index, ["", ""])
+                    entry[0] += t.function.name or ""
+                    entry[1] += t.function.arguments or ""
+        got[who] = ([("function", n, args) for _, (n, args) in sorted(calls.items())], finish)
+    assert got["vllm"] == got["paravt"] == (first["calls"], "tool_calls")
+
+
+@pytest.mark.parametrize("mode", ["text", "native"])
+def test_paravts_episode_on_vllm_started_as_longvt_starts_it(split, vllm_tools, tmp_path, mode):
+    """`paravt ask --tool-calls text|native` against vLLM with LongVT's flags: the whole episode is the
+    in-process one (texts, calls, summaries, answer)."""
+    video = split / "videos" / "test_00000.mp4"
+    local, _ = ask(video, str(DEFAULT_MODEL), tmp_path / "local.json")
+    r = subprocess.run([sys.executable, "-m", "paravt", "ask", str(video), QUESTION, "--question-type", "oe",
+                        "--model", vllm_tools.url, "--frames", "4", "--json", str(tmp_path / "remote.json"),
+                        "--tool-calls", mode], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    remote = json.loads((tmp_path / "remote.json").read_text())
+    assert remote["n_executed_calls"] >= 2 and remote["config"]["tool_calls"] == mode
+    assert summary(remote) == summary(local)

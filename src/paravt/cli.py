@@ -86,6 +86,11 @@ def ask(
     prompts: str = typer.Option("paravt", help="Prompt profile: paravt | official (the layout ParaVT-8B was trained "
                                                "with)."),
     timeout: float = typer.Option(600.0, help="Seconds one model call may take, retries included."),
+    tool_calls: str = typer.Option("text", help="How a served model (--model URL) is told of the tool and its calls "
+                                   "are read: text (the tags, in the messages) | native (OpenAI tool calling: "
+                                   "tools, tool_calls, tool messages; for vLLM with --enable-auto-tool-choice "
+                                   "--tool-call-parser hermes, or paravt serve). An in-process model sees the "
+                                   "same prompt either way."),
 ) -> None:
     """Answer a question about a video with the parallel crop_video episode."""
     from paravt.agent import EpisodeConfig
@@ -97,7 +102,7 @@ def ask(
     try:
         cfg = EpisodeConfig(mode=mode, frames=frames, max_turns=max_turns, max_parallel=max_parallel,
                             temperature=temperature, max_new_tokens=max_new_tokens, prompts=prompts,
-                            model_timeout_s=timeout)
+                            model_timeout_s=timeout, tool_calls=tool_calls)
         run_ask(video, question, model=model, config=cfg, question_type=question_type, json_path=json_out,
                 timeline_path=timeline, api_key=api_key, tokens=not no_tokens)
     except (VideoError, ModelLoadError, BackendError, ValueError, OSError) as e:

@@ -51,6 +51,11 @@ class EpisodeConfig:
     # nothing): none of the turn's calls run and the episode ends on that turn, so a broken call costs
     # the answer (for comparison runs).
     on_bad_call: str = "respond"
+    # How a served model is told of the tool and its calls are read (the openai backend; an in-process
+    # model sees the same prompt either way): "text", the tags in the messages; "native", OpenAI's
+    # tool calling (`tools`, `tool_calls`, `tool` messages), for a server whose own parser reads the
+    # calls (vLLM --enable-auto-tool-choice --tool-call-parser hermes, paravt serve).
+    tool_calls: str = "text"
 
     def __post_init__(self) -> None:
         if self.mode not in P.MODES:
@@ -71,6 +76,8 @@ class EpisodeConfig:
             raise ValueError(f"prompts must be one of {', '.join(P.PROMPT_PROFILES)}, got {self.prompts!r}")
         if self.on_bad_call not in ("respond", "end"):
             raise ValueError(f"on_bad_call must be respond or end, got {self.on_bad_call!r}")
+        if self.tool_calls not in ("text", "native"):
+            raise ValueError(f"tool_calls must be text or native, got {self.tool_calls!r}")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}")
 

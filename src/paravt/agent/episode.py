@@ -78,7 +78,8 @@ async def _episode(backend: Backend, reader: VideoReader, question: str, cfg: Ep
         prefix = "" if direct_answer else cfg.prefix
         req = GenerateRequest(messages=list(messages), max_new_tokens=cfg.answer_tokens(question_type)
                               if direct_answer else cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-                              prefix=prefix, seed=None if cfg.seed is None else cfg.seed + turn_index, role="main")
+                              prefix=prefix, seed=None if cfg.seed is None else cfg.seed + turn_index, role="main",
+                              tool_calls=cfg.tool_calls)
         emit("turn_started", {"turn": turn_index, "forced_answer": forced})
         started = now()
         # a backend over several servers gives each server it waits on a deadline of its own

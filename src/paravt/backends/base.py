@@ -42,6 +42,10 @@ class GenerateRequest:
     # Who asks: "main" or "sub" (a sub-agent). Backends may ignore it; scripted test
     # backends and logs use it.
     role: str = "main"
+    # How a server is told of the tools and reads the calls: "text" (the tags, in the messages) or
+    # "native" (OpenAI's tools / tool_calls / tool messages; paravt.backends.openai). A backend that
+    # renders the chat itself (hf) renders both the same way and ignores it.
+    tool_calls: str = "text"
 
 
 @dataclass

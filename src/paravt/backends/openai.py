@@ -24,6 +24,10 @@ What goes over the wire, and why:
   fine-tuned checkpoints do) would lose the episode's structure; `return_token_ids: true`, which
   makes vLLM return the generated ids per choice (`token_ids`) and the prompt's
   (`prompt_token_ids`), the exact sequences a trainer needs; and `logprobs: true`.
+- Tool calls (`GenerateRequest.tool_calls`): "text" (the default) writes the tool block, the calls
+  and their responses as the episode's text; "native" says them in OpenAI's tool-calling convention
+  (`tools`, assistant `tool_calls`, `tool` messages; paravt.backends.openai_tools), for a server whose
+  own tool calling reads them (vLLM with the hermes parser, `paravt serve`).
 - Servers that parse for the client: vLLM started with `--enable-auto-tool-choice
   --tool-call-parser hermes` moves calls out of `content` into `message.tool_calls`, and a
   reasoning parser moves the think into `reasoning` (`reasoning_content` before vLLM 0.11).
@@ -56,98 +60,20 @@ them, so token-exact multi-turn training sequences come from the server's own id
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
-import io
 import itertools
 import json
 import random
-import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import httpx
-import numpy as np
 
-from paravt.backends.base import BackendError, Completion, GenerateRequest, ImagePart, Message, TextPart
+from paravt.backends.base import BackendError, Completion, GenerateRequest
+from paravt.backends.openai_messages import (  # noqa: F401 - image_data_url re-exported for callers
+    UrlCache, image_data_url, to_native_messages, to_openai_messages)
 
 PROBE_S = 5.0  # a server out of the rotation is asked GET /health this often (at most the call timeout)
 STALL_S = 30.0  # a call waiting this long (at most timeout/3) asks its server's GET /health; none: it hangs
-
-
-def image_data_url(image: np.ndarray, fmt: str = "png", quality: int = 90) -> str:
-    """An HxWx3 uint8 frame as a `data:image/...;base64,` URL."""
-    from PIL import Image
-
-    arr = np.asarray(image)
-    if arr.ndim != 3 or arr.shape[2] != 3 or arr.dtype != np.uint8:
-        raise BackendError(f"frames must be HxWx3 uint8 arrays, got shape {arr.shape} dtype {arr.dtype}")
-    buf = io.BytesIO()
-    if fmt == "png":
-        Image.fromarray(arr).save(buf, format="PNG", compress_level=1)  # speed over size: frames are noisy anyway
-        mime = "image/png"
-    elif fmt in ("jpeg", "jpg"):
-        Image.fromarray(arr).save(buf, format="JPEG", quality=quality)
-        mime = "image/jpeg"
-    else:
-        raise ValueError(f"image format must be png or jpeg, not {fmt!r}")
-    return f"data:{mime};base64," + base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-class _UrlCache:
-    """Encoded frames by content hash, bounded in bytes. The main agent resends the same K overview
-    frames every turn (and a GRPO group resends them n times); encoding them once saves most of the
-    client's CPU (PNG-encoding a 448x448 frame takes 10-40 ms)."""
-
-    def __init__(self, max_bytes: int = 128 * 2**20):
-        self.max_bytes = max_bytes
-        self._d: OrderedDict[bytes, str] = OrderedDict()
-        self._size = 0
-        self._lock = threading.Lock()
-        self.hits = 0
-
-    def get(self, image: np.ndarray, fmt: str) -> str:
-        arr = np.ascontiguousarray(image)
-        h = hashlib.blake2b(arr.data, digest_size=16)
-        h.update(f"{arr.shape}{arr.dtype}{fmt}".encode())
-        key = h.digest()
-        with self._lock:
-            url = self._d.get(key)
-            if url is not None:
-                self._d.move_to_end(key)
-                self.hits += 1
-                return url
-        url = image_data_url(arr, fmt)
-        with self._lock:
-            if key not in self._d and len(url) <= self.max_bytes:
-                self._d[key] = url
-                self._size += len(url)
-                while self._size > self.max_bytes:
-                    self._size -= len(self._d.popitem(last=False)[1])
-        return url
-
-
-def to_openai_messages(messages: list[Message], prefix: str = "", image_format: str = "png",
-                       cache: _UrlCache | None = None) -> list[dict]:
-    """Our messages as OpenAI chat messages; the forced prefix becomes a trailing assistant message."""
-    out: list[dict] = []
-    for m in messages:
-        if isinstance(m.content, str) or not m.images():
-            out.append({"role": m.role, "content": m.text()})
-            continue
-        parts: list[dict] = []
-        for p in m.parts():
-            if isinstance(p, TextPart):
-                if p.text:
-                    parts.append({"type": "text", "text": p.text})
-            elif isinstance(p, ImagePart):
-                url = cache.get(p.image, image_format) if cache else image_data_url(p.image, image_format)
-                parts.append({"type": "image_url", "image_url": {"url": url}})
-        out.append({"role": m.role, "content": parts})
-    if prefix:
-        out.append({"role": "assistant", "content": prefix})
-    return out
 
 
 class _Retryable(Exception):
@@ -209,7 +135,7 @@ class OpenAIBackend:
         self._models: dict[str, str] = {}  # endpoint -> served model id (when model is None)
         self._rr = itertools.count()
         self._state: _LoopState | None = None
-        self.image_cache = _UrlCache()
+        self.image_cache = UrlCache()
         self.requests_sent: dict[str, int] = {u: 0 for u in self.endpoints}  # observable: load per endpoint
         self.banned_ids = list(banned_ids or [])  # never to be sampled (logit_bias −100)
         self.gate = gate  # train.rollout.ServerGate: weight versions, servers closed for a sync or restart
@@ -299,10 +225,17 @@ class OpenAIBackend:
 
     async def _body(self, req: GenerateRequest) -> dict:
         # PNG-encoding 64 frames takes tens of ms: off the event loop, so other episodes go on.
-        messages = await asyncio.to_thread(to_openai_messages, req.messages, req.prefix, self.image_format,
-                                         self.image_cache)
+        tools = None
+        if req.tool_calls == "native":
+            messages, tools = await asyncio.to_thread(to_native_messages, req.messages, req.prefix,
+                                                      self.image_format, self.image_cache)
+        else:
+            messages = await asyncio.to_thread(to_openai_messages, req.messages, req.prefix, self.image_format,
+                                               self.image_cache)
         body: dict = {"messages": messages, "max_tokens": req.max_new_tokens, "temperature": req.temperature,
                       "top_p": req.top_p, "stream": False}
+        if tools:
+            body["tools"], body["tool_choice"] = tools, "auto"
         if req.seed is not None:
             body["seed"] = req.seed
         if req.stop:

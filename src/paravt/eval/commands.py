@@ -123,7 +123,8 @@ def eval_command(*, bench: str, data: str, videos: str | None, model: str | None
                  keep_token_ids: bool = False, served_model: str | None = None, image_format: str = "png",
                  oe_metric: str = "f1", sample_timeout_s: float | None = 1800.0, progress: bool = True,
                  prompts: str = "paravt", timeout_s: float = 600.0, final_turn_think: bool = True,
-                 max_error_rate: float = 0.5, think_prefix: bool = True, media_root: str | None = None) -> dict:
+                 max_error_rate: float = 0.5, think_prefix: bool = True, media_root: str | None = None,
+                 tool_calls: str = "text") -> dict:
     """Load the benchmark, build the backend(s), run, print the summary and the errors' causes.
     Returns the summary; exits 1 (typer.Exit) when the run failed (see run_failed): the rows
     written stay, and a rerun retries the failed samples."""
@@ -145,7 +146,7 @@ def eval_command(*, bench: str, data: str, videos: str | None, model: str | None
         # the arguments first: a typo must not cost a model load or a benchmark scan
         cfg = eval_config(mode=mode, frames=frames, max_turns=max_turns, max_parallel=max_parallel,
                           max_new_tokens=max_new_tokens, prompts=prompts, model_timeout_s=timeout_s,
-                          final_turn_think=final_turn_think, think_prefix=think_prefix)
+                          final_turn_think=final_turn_think, think_prefix=think_prefix, tool_calls=tool_calls)
         reward_cfg = RewardConfig(oe_metric=oe_metric)
         _check_run_args(concurrency, limit, max_error_rate)
         root = _media_root(media_root, videos)
@@ -233,6 +234,11 @@ def eval_run(
                                                  "PARA-GRPO's rollouts); --no-think-prefix lets the model begin "
                                                  "its turns itself, as one trained without it expects (the "
                                                  "release's vanilla GRPO, a base model's own habit)."),
+    tool_calls: str = typer.Option("text", help="How a served model (--model URL) is told of the tool and its calls "
+                                   "are read: text (the tags, in the messages) | native (OpenAI tool calling: "
+                                   "tools, tool_calls, tool messages; for vLLM with --enable-auto-tool-choice "
+                                   "--tool-call-parser hermes, or paravt serve). An in-process model sees the "
+                                   "same prompt either way."),
     retry_errors: bool = typer.Option(True, help="On resume, rerun samples whose row is an error."),
     keep_token_ids: bool = typer.Option(False, help="Keep token ids / logprobs in the traces (large)."),
     force: bool = typer.Option(False, help="Resume even if the run's settings changed."),
@@ -251,7 +257,7 @@ def eval_run(
                  keep_token_ids=keep_token_ids, served_model=served_model, image_format=image_format,
                  oe_metric=oe_metric, sample_timeout_s=sample_timeout if sample_timeout > 0 else None,
                  prompts=prompts, timeout_s=timeout, final_turn_think=final_turn_think, max_error_rate=max_error_rate,
-                 think_prefix=think_prefix, media_root=media_root)
+                 think_prefix=think_prefix, media_root=media_root, tool_calls=tool_calls)
 
 
 @eval_app.command("report")

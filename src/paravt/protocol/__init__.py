@@ -26,7 +26,7 @@ from paravt.protocol.tools import (CROP_VIDEO_TOOL, MAX_CALL_FRAMES, TOOL_NAME, 
 from paravt.protocol.parse import Problem, Turn, extract_answer, parse, strict_calls
 from paravt.protocol.prompts import (MODES, OFFICIAL_CROP_VIDEO_TOOL, PROMPT_KINDS, PROMPT_PROFILES, QUESTION_TYPES,
                                      answer_instruction, final_answer_instruction, main_system, native_tools_block,
-                                     subagent_prompt, system_prompt, user_prompt_text, with_tools)
+                                     split_native_tools, subagent_prompt, system_prompt, user_prompt_text, with_tools)
 
 __all__ = ["ALL_TAGS", "ANSWER_CLOSE", "ANSWER_OPEN", "CROP_VIDEO_TOOL", "CropArgs", "MAX_CALL_FRAMES", "MODES",
            "OFFICIAL_CROP_VIDEO_TOOL", "PROMPT_KINDS", "PROMPT_PROFILES", "Problem", "QUESTION_TYPES",
@@ -35,6 +35,6 @@ __all__ = ["ALL_TAGS", "ANSWER_CLOSE", "ANSWER_OPEN", "CROP_VIDEO_TOOL", "CropAr
            "TOOL_RESPONSE_OPEN", "ToolCall", "ToolCallError", "Turn", "answer_instruction", "blocks", "crop_args",
            "drop_blocks", "extract_answer", "final_answer_instruction", "format_error", "format_tool_call",
            "format_tool_response", "format_tool_responses", "main_system", "native_tools_block", "parse",
-           "parse_seconds", "strict_calls", "strip_tags", "subagent_prompt", "system_prompt", "tags_balanced",
-           "think_blocks", "think_open_at_end", "think_spans", "timestamp_text", "tool_schema", "user_prompt_text",
+           "parse_seconds", "split_native_tools", "strict_calls", "strip_tags", "subagent_prompt", "system_prompt",
+           "tags_balanced", "think_blocks", "think_open_at_end", "think_spans", "timestamp_text", "tool_schema", "user_prompt_text",
            "with_tools"]

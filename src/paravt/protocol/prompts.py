@@ -56,6 +56,28 @@ def with_tools(system: str | None, tools: list[dict]) -> str:
     block = native_tools_block(tools)
     return f"{system}\n\n{block}" if system else block
 
+def split_native_tools(text: str) -> tuple[str | None, list[dict]] | None:
+    """The inverse of `with_tools`: (the system text before the native tool block, None when the text
+    is the block alone; the tools it declares), or None when the text does not end with a block
+    that `native_tools_block` writes (a server given these tools renders the same text)."""
+    if not isinstance(text, str) or not text.endswith(_NATIVE_TOOLS_TAIL):
+        return None
+    at = text.rfind(_NATIVE_TOOLS_HEAD)
+    lines = text[at + len(_NATIVE_TOOLS_HEAD): len(text) - len(_NATIVE_TOOLS_TAIL)] if at >= 0 else ""
+    if not lines.startswith("\n"):
+        return None
+    try:
+        tools = [json.loads(line) for line in lines[1:].split("\n")]
+    except ValueError:
+        return None
+    if not all(isinstance(t, dict) for t in tools) or native_tools_block(tools) != text[at:]:
+        return None
+    before = text[:at]
+    if before and not before.endswith("\n\n"):
+        return None
+    return (before[:-2] if before else None), tools
+
+
 _INTRO = (
     "You are a video analyst answering questions about a long video. You first see frames sampled evenly "
     "over the whole video, each labelled with its time in seconds, like <12.5 seconds>. Short events can "

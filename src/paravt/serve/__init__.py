@@ -2,6 +2,7 @@
 
     app.py       the FastAPI app: routes, the key and body guard, each step of a completion
     schema.py    the /v1/chat/completions body, checked, into a GenerateRequest
+    tool_calls.py OpenAI tool calling as vLLM's hermes parser serves it: tools in, tool_calls out
     images.py    data-URL images: per-request limits from their headers, decoded to the model's size
     limits.py    the server-wide pixel budget (wait, then 503 with Retry-After) and the body limit
     streaming.py `stream: true` as OpenAI's chunks; a client that goes away cancels its generation

@@ -31,6 +31,7 @@ from paravt.serve.limits import (MAX_BODY_BYTES, MAX_INFLIGHT_PIXELS, PIXEL_WAIT
                                  Reservation)
 from paravt.serve.rl_api import RL_PATHS, WeightGate, add_rl_api
 from paravt.serve.schema import ChatRequest, parse_chat_request
+from paravt.serve.tool_calls import read_calls
 from paravt.webguard import origin_of, refusal
 from paravt.serve.streaming import (first_while_connected, generate_while_connected, pump_generation, retrieve,
                                     stream_events, usage_of)
@@ -305,6 +306,10 @@ def completion_body(parsed: ChatRequest, c: Completion, model_name: str) -> dict
     """The chat.completion object of a finished generation (logprobs and token ids when asked for)."""
     choice: dict = {"index": 0, "message": {"role": "assistant", "content": c.text},
                     "finish_reason": c.finish_reason, "logprobs": None}
+    read = read_calls(c.text, parsed.tools)
+    if read is not None:  # as vLLM's hermes parser answers (paravt.serve.tool_calls)
+        choice["message"] = {"role": "assistant", "content": read.content, "tool_calls": read.calls}
+        choice["finish_reason"] = "tool_calls"
     if parsed.logprobs and c.logprobs is not None:
         ids = c.token_ids or []
         choice["logprobs"] = {"content": [

@@ -6,8 +6,9 @@ client must not keep the model busy.
 Streaming follows the OpenAI API: `text/event-stream` of `chat.completion.chunk` objects (a first
 chunk with the role, one per decode step with the new text in `delta.content`, a last one with
 `finish_reason`; with `stream_options.include_usage` a final chunk of usage with no choices), then
-`data: [DONE]`. A backend that decodes step by step (hf: `generate_stream`) streams as it decodes;
-any other sends its whole text in one chunk at the end. Text that might be the start of a stop
+`data: [DONE]`. Tool calls are streamed as paravt.serve.tool_calls says. A backend that decodes
+step by step (hf: `generate_stream`) streams as it decodes; any other sends its whole text in one
+chunk at the end. Text that might be the start of a stop
 string is held back until it is known not to be, so the chunks join to exactly the non-streamed
 message. An error before the first token is a plain JSON error (400/500/503); one after it is an
 SSE `data: {"error": ...}` event. `logprobs` and `return_token_ids` are not streamed (400: ask
@@ -26,6 +27,7 @@ from typing import Any, AsyncIterator, Callable
 from paravt.backends.base import Backend, Completion, GenerateRequest
 from paravt.serve.errors import failure_of
 from paravt.serve.schema import ChatRequest
+from paravt.serve.tool_calls import CallStream, call_deltas
 
 log = logging.getLogger("paravt.serve")
 
@@ -159,19 +161,23 @@ async def stream_events(first: tuple[str, Any], out: asyncio.Queue, pump: asynci
                     **usage})
 
     text = StreamText(parsed.request.stop)
+    calls = CallStream(parsed.tools)  # what of the stop-safe text is content, not a tool call
     try:
         yield chunk({"role": "assistant", "content": ""})
         kind, value = first
         while kind == "piece":
-            piece = text.push(value)
+            piece = calls.push(text.push(value))
             if piece:
                 yield chunk({"content": piece})
             kind, value = await out.get()
         if kind == "done" and not (value.finish_reason == "error" or value.error):
-            rest = text.finish(value.text)
+            text.finish(value.text)  # warns when the pieces are not the final text's beginning
+            rest, read = calls.finish(value.text)
             if rest:
                 yield chunk({"content": rest})
-            yield chunk({}, value.finish_reason)
+            for delta in call_deltas(read) if read else []:
+                yield chunk(delta)
+            yield chunk({}, "tool_calls" if read else value.finish_reason)
             if parsed.include_usage:
                 yield sse({**head, "choices": [], "usage": usage_of(value)})
         elif kind == "done":

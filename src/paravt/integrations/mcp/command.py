@@ -13,6 +13,8 @@ def mcp_command(
     media_root: str = typer.Option(None, help="The folder whose videos the tools may open (paths relative to it, or "
                                    "absolute inside it; nothing outside it, no `..`, no link out). Without it no file "
                                    "can be opened."),
+    video: str = typer.Option(None, help="The one video every call reads, whatever video_path it names (a model "
+                              "that writes no path, as paravt's own; its folder is the default --media-root)."),
     allow_urls: bool = typer.Option(False, help="Also read http(s) video URLs (range requests). Off: nothing is "
                                     "fetched."),
     model: str = typer.Option(None, help="watch_window and ask_video's model: a checkpoint dir, hub id, or the URL "
@@ -41,7 +43,8 @@ def mcp_command(
 
     try:
         settings = McpSettings(media_root=media_root, allow_urls=allow_urls, model=model, api_key=api_key,
-                               frames=frames, max_frames=max_frames, mode=mode, prompts=prompts, timeout_s=timeout)
+                               frames=frames, max_frames=max_frames, mode=mode, prompts=prompts, timeout_s=timeout,
+                               video=video)
         if write_script:
             typer.echo(f"wrote {write(write_script, settings)}", err=True)
             return

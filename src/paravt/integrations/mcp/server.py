@@ -67,10 +67,14 @@ class ParavtMCP(FastMCP):
     """FastMCP whose argument errors are one line ("end_time: Field required") like every other tool
     error, instead of pydantic's multi-line report."""
 
+    video: Optional[str] = None  # McpSettings.video: the file every call reads
+
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
         from mcp.server.fastmcp.exceptions import ToolError
         from pydantic import ValidationError
 
+        if self.video is not None and isinstance(arguments, dict):
+            arguments = {**arguments, "video_path": self.video}
         try:
             return await super().call_tool(name, arguments)
         except ToolError as e:
@@ -89,6 +93,7 @@ def build_server(settings: McpSettings, models: Models | None = None, *, host: s
     server = ParavtMCP("paravt", instructions=INSTRUCTIONS, host=host, port=port, log_level="WARNING",
                      streamable_http_path=MCP_PATH,
                      transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+    server.video = settings.video
     models = models or Models(settings)
 
     @server.tool(name="crop_video", description=(

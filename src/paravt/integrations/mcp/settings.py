@@ -41,6 +41,9 @@ class McpSettings:
     mode: str = "parallel"  # ask_video's dispatch mode when the call gives none
     prompts: str = "paravt"  # prompt profile: paravt | official
     timeout_s: float = 600.0  # seconds one tool call may take (decoding and model calls together)
+    # the one video every call reads, whatever video_path it names (paravt's rule: the model never
+    # chooses the file); for a model that writes no path (paravt's own); its folder is the default root
+    video: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -51,6 +54,12 @@ class McpSettings:
             raise ValueError(f"frames must be from 1 to max_frames ({self.max_frames}), got {self.frames}")
         if not self.timeout_s > 0:
             raise ValueError(f"timeout must be positive, got {self.timeout_s}")
+        if self.video is not None:
+            video = Path(self.video).expanduser()
+            if not video.is_file():
+                raise ValueError(f"video {self.video}: not a file")
+            self.video = str(video.absolute())
+            self.media_root = self.media_root or str(video.absolute().parent)
         if self.media_root is not None:
             root = Path(self.media_root).expanduser()
             if not root.is_dir():
@@ -159,7 +168,7 @@ def client_config(settings: McpSettings, name: str = "paravt") -> dict[str, Any]
     args = ["-m", "paravt", "mcp"]
     default = McpSettings()
     flags = {"media_root": "--media-root", "model": "--model", "frames": "--frames", "max_frames": "--max-frames",
-             "mode": "--mode", "prompts": "--prompts", "timeout_s": "--timeout"}
+             "mode": "--mode", "prompts": "--prompts", "timeout_s": "--timeout", "video": "--video"}
     for key, flag in flags.items():
         value = getattr(settings, key)
         if value is not None and value != getattr(default, key):
