@@ -63,6 +63,7 @@ class VideoReader:
         factor: int = FACTOR,
         decoder_threads: int = 0,
         timeout_s: float = NET_TIMEOUT_S,
+        stop: threading.Event | None = None,
     ) -> None:
         """Opens and probes now, so a bad file (or URL) fails here with a VideoError.
 
@@ -71,8 +72,9 @@ class VideoReader:
         count; frame threads cut one crop's latency at about the same CPU); 1 keeps cores
         free when many crops already run side by side on the pool.
         timeout_s: deadline of each network operation on a URL (connecting, each read).
+        stop: once set (a caller's deadline passed), every read ends at its next packet (a Stopped error).
         """
-        self.source = Source.of(path, timeout_s, decoder_threads)
+        self.source = Source.of(path, timeout_s, decoder_threads, stop)
         self.max_pixels = max_pixels
         self.min_pixels = min_pixels
         self.factor = factor

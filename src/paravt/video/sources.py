@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,9 +54,11 @@ class Source:
     remote: bool
     timeout_s: float
     decoder_threads: int = 0
+    stop: threading.Event | None = None  # set by a caller that gave up: every read ends at its next packet
 
     @classmethod
-    def of(cls, path: str | os.PathLike, timeout_s: float = NET_TIMEOUT_S, decoder_threads: int = 0) -> "Source":
+    def of(cls, path: str | os.PathLike, timeout_s: float = NET_TIMEOUT_S, decoder_threads: int = 0,
+           stop: threading.Event | None = None) -> "Source":
         """The source `path` names, checked: a URL scheme other than http(s), a bad deadline, or a
         missing, empty or directory file is a VideoError now."""
         remote = is_url(path)
@@ -64,7 +67,7 @@ class Source:
                              "https URL, e.g. a presigned one)")
         if not timeout_s > 0:
             raise VideoError(f"{path}: timeout_s must be positive, got {timeout_s!r}")
-        src = cls(path if remote else Path(path), remote, float(timeout_s), decoder_threads)
+        src = cls(path if remote else Path(path), remote, float(timeout_s), decoder_threads, stop)
         src.check()
         return src
 
@@ -105,7 +108,7 @@ class Source:
             raise VideoError(f"{self.path}: has no video stream (audio-only, audio with cover art, or data file)")
         stream.thread_type = "AUTO"
         stream.codec_context.thread_count = self.decoder_threads
-        return container
+        return container if self.stop is None else _Stoppable(container, self.stop, self.path)
 
     def network_failure(self, e: BaseException) -> bool:
         """Whether `e` is the network failing (a URL's server refused, timed out, answered an HTTP
@@ -124,6 +127,8 @@ class Source:
         """For a URL, the VideoError of a network failure behind the read error `e`, else None
         (bad data: skipped as damage, as in a file). Demuxers report a connection lost mid-read
         as bad data (MP4: InvalidDataError), so such an error is checked by opening the URL again."""
+        if isinstance(e, Stopped):
+            return e
         if not self.remote:
             return None
         if self.network_failure(e):
@@ -144,3 +149,25 @@ class Source:
         else:
             cause = getattr(e, "strerror", None) or str(e) or type(e).__name__
         return VideoError(f"{self.path}: cannot read ({cause})")
+
+
+class Stopped(VideoError):
+    """Reading stopped: the caller gave up (its deadline passed)."""
+
+
+class _Stoppable:
+    """A container whose every packet read first checks the caller's stop flag (PyAV's interrupt
+    callback cannot be raised from outside): a probe, a decode or a URL's download ends within one
+    packet of the flag, its thread free. Every other attribute is the container's."""
+
+    def __init__(self, container, stop: threading.Event, path) -> None:
+        self._c, self._stop, self._path = container, stop, path
+
+    def __getattr__(self, name: str):
+        return getattr(self._c, name)
+
+    def demux(self, *streams):
+        for packet in self._c.demux(*streams):
+            if self._stop.is_set():
+                raise Stopped(f"{self._path}: reading stopped (the caller's deadline passed)")
+            yield packet
