@@ -118,7 +118,7 @@ class Trickle:
     `rate` bytes per second (a slow CDN) and the rest at once; it counts the slow bytes it sent and the
     connections still being sent slow bytes (0 once every reader of them hung up)."""
 
-    def __init__(self, path: Path, lo: int, hi: int, rate: float = 2000.0) -> None:
+    def __init__(self, path: Path, lo: int, hi: int, rate: float = 1000.0) -> None:
         self.data, self.lo, self.hi, self.rate = path.read_bytes(), lo, hi, rate
         self.slow_bytes = self.slow_readers = self.slow_requests = 0
         self.lock = threading.Lock()
@@ -191,7 +191,7 @@ def wait_for(check, timeout_s: float, what: str) -> None:
 
 def test_a_call_past_its_deadline_stops_reading_and_frees_its_worker(media):
     """Two decode workers; two crops of a URL whose middle trickles in (a window needing ~200 KB at
-    2 KB/s) pass their 4 s deadline, then a crop of a small file must get a worker and its frames.
+    1 KB/s) pass their 6 s deadline, then a crop of a small file must get a worker and its frames.
     The timed-out reads stop: the slow server sees its readers hang up and no byte more is read."""
     import av
 
@@ -200,7 +200,7 @@ def test_a_call_past_its_deadline_stops_reading_and_frees_its_worker(media):
         pos = {round(float(p.pts * s.time_base), 1): p.pos for p in c.demux(s) if p.pts is not None}
     with Trickle(media / "long.mp4", pos[10.0], pos[40.0]) as slow:
         params = StdioServerParameters(command=sys.executable, args=[
-            "-m", "paravt", "mcp", "--media-root", str(media), "--allow-urls", "--timeout", "4"],
+            "-m", "paravt", "mcp", "--media-root", str(media), "--allow-urls", "--timeout", "6"],
             env={"PARAVT_DECODE_WORKERS": "2", "HF_HUB_OFFLINE": "1"})
 
         async def work(client):
@@ -215,7 +215,7 @@ def test_a_call_past_its_deadline_stops_reading_and_frees_its_worker(media):
 
         late, harmless = asyncio.run(session())
         for r in late:
-            assert r.is_error and "crop_video took longer than 4 s" in r.content[0].text, r
+            assert r.is_error and "crop_video took longer than 6 s" in r.content[0].text, r
         assert not harmless.is_error, harmless.content[0].text
         assert len([c for c in harmless.content if c.type == "image"]) == 3
         # the session is over (the server too); the slow reads ended when the calls did, not at the window's end
@@ -223,6 +223,7 @@ def test_a_call_past_its_deadline_stops_reading_and_frees_its_worker(media):
         sent, requests = slow.slow_bytes, slow.slow_requests
         time.sleep(1.0)
         assert (slow.slow_bytes, slow.slow_requests) == (sent, requests), "reads went on after the calls ended"
+        print(f"the two timed-out crops read {sent} of their window's {pos[36.0] - pos[20.0]} bytes")
         assert sent < (pos[36.0] - pos[20.0]) / 4, f"{sent} slow bytes read: the crops read on past their deadline"
 
 

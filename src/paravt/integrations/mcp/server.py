@@ -8,10 +8,11 @@ request): the `initialize` handshake that mcp 1.x clients open with (lmms-eval 0
 the deadline) with a tool error, `is_error` and one line of text ("Error executing tool crop_video:
 ..."), the form lmms-eval's LongVT example server gives too; the server goes on.
 
-The end: when stdin closes (stdio) or the server is stopped (HTTP), the calls running are stopped
-(their reads end at the next packet, `tools.within`), the model client is closed, and the process
-exits without waiting for a thread the kernel still holds (a read of a stalled URL, an open of a FIFO):
-an MCP server must not outlive its client.
+The end: when stdin closes (stdio), the calls running are stopped (their reads end at the next
+packet, `tools.within`), the model client is closed, and the process exits without waiting for a
+thread the kernel still holds (a read of a stalled URL, an open of a FIFO): an MCP server must not
+outlive its client. Over HTTP a signal stops it: uvicorn cancels the requests still running after
+`web.SHUTDOWN_S`, and the signal, raised again, ends the process.
 """
 
 # no `from __future__ import annotations`: MCPServer reads the tools' annotations, which name locals
