@@ -18,25 +18,26 @@ PARSE_ERROR = -32700  # JSON-RPC's "Parse error"
 
 def lone_surrogate(value: Any, where: str = "the request") -> str | None:
     """Where parsed JSON `value` holds a string UTF-8 cannot encode (a lone surrogate), said in one
-    line; None when it holds none."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as e:
-            return f"{where} holds a lone surrogate ({ascii(value[e.start])}), which is no Unicode character"
-        return None
-    if isinstance(value, dict):
-        items = value.items()
-    elif isinstance(value, list):
-        items = enumerate(value)
-    else:
-        return None
-    for k, v in items:
-        where_k = f"{where}[{ascii(k)}]" if isinstance(k, str) else f"{where}[{k}]"
-        why = lone_surrogate(k, f"a key of {where}") or lone_surrogate(v, where_k)
-        if why is not None:
-            return why
+    line; None when it holds none. Iterative: a request nested as deep as a parser allows is walked."""
+    todo = [(value, where)]
+    while todo:
+        v, at = todo.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                return f"{at} holds a lone surrogate ({ascii(v[e.start])}), which is no Unicode character"
+        elif isinstance(v, dict):
+            for k, item in v.items():
+                todo.append((item, _within(at, ascii(k))))
+                todo.append((k, f"a key of {at}"))
+        elif isinstance(v, list):
+            todo.extend((item, _within(at, str(i))) for i, item in enumerate(v))
     return None
+
+
+def _within(at: str, key: str) -> str:
+    return f"{at}[{key[:40]}]" if len(at) < 200 else at  # a path's first steps say enough
 
 
 def unreadable(raw: str | bytes) -> dict | None:
