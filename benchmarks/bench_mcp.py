@@ -30,7 +30,7 @@ async def one_call(script: Path, tool: str, args: dict) -> float:
         async with ClientSession(read, write) as session:
             await session.initialize()
             result = await session.call_tool(tool, args)
-    assert not result.isError, result.content[0].text
+    assert not result.is_error, result.content[0].text
     return time.perf_counter() - t0
 
 

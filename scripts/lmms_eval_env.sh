@@ -21,7 +21,11 @@ cd "$(dirname "$0")/.."
 "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
-"$VENV/bin/python" -m pip install -q -e ".[lmms-eval,test]"
+# Not paravt's [test] extra: it holds mcp 2.x (paravt mcp's SDK), and lmms-eval 0.7.3's MCP client is
+# written against mcp 1.x (timedelta timeouts, camelCase fields). This env keeps mcp 1.x; the server its
+# `mcp_server_path` starts runs under paravt's own Python (`paravt mcp --write-script`).
+"$VENV/bin/python" -m pip install -q -e ".[lmms-eval]" "mcp>=1.20,<2" "pytest>=8" "pytest-timeout>=2.3" \
+  "pytest-xdist>=3.8" "hypothesis>=6.100"
 if ! "$VENV/bin/python" -c "import torchvision" >/dev/null 2>&1; then
   echo "torchvision does not load beside this torch build: removing it (lmms-eval's video tasks do not need it)"
   "$VENV/bin/python" -m pip uninstall -q -y torchvision

@@ -38,6 +38,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from longvt_loop import server_python  # noqa: E402  (scripts/ is this script's folder on sys.path)
+
 TASK_YAML = """task: synthvt_mcp
 dataset_path: json
 dataset_kwargs:
@@ -183,8 +185,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="runs/lmms_eval_mcp")
     ap.add_argument("--n", type=int, default=2)
-    ap.add_argument("--server-python", default=sys.executable, help="the Python with paravt[mcp] that writes the "
-                    "server script, and so runs it (default: this one)")
+    ap.add_argument("--server-python", default=str(server_python()), help="the Python with paravt[mcp] (mcp 2.x) "
+                    "that writes the server script, and so runs it (default: the checkout's .venv)")
     ap.add_argument("--no-video", action="store_true", help="give the path as text only, not as a video element "
                     "(lmms-eval then decodes nothing client-side; it needs qwen_vl_utils to)")
     a = ap.parse_args()

@@ -41,6 +41,13 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def server_python() -> Path:
+    """The Python that runs `paravt mcp`: the checkout's .venv (paravt[mcp], mcp 2.x) where there is
+    one, else this one. lmms-eval's env keeps mcp 1.x for its client, and the server needs 2.x."""
+    own = ROOT / ".venv" / "bin" / "python"
+    return own if own.exists() else Path(sys.executable)
 TASK = "synthvt_longvt"
 TASK_YAML = """task: {task}
 dataset_path: json
@@ -127,7 +134,7 @@ def questions(out: Path, n: int) -> dict[str, list[dict]]:
     return by_video
 
 
-def run_video(out: Path, video: str, rows: list[dict], url: str, model_name: str) -> list[dict]:
+def run_video(out: Path, video: str, rows: list[dict], url: str, model_name: str, server_python: str) -> list[dict]:
     """One lmms-eval run over the questions of one video; what it logged, read back per question."""
     work = out / Path(video).stem
     include = work / "tasks"
@@ -136,8 +143,8 @@ def run_video(out: Path, video: str, rows: list[dict], url: str, model_name: str
     (include / f"{TASK}.yaml").write_text(TASK_YAML.format(task=TASK, data=work / "data.json"))
     (include / f"{TASK}_utils.py").write_text(TASK_UTILS)
     script = work / "paravt_mcp.py"
-    subprocess.run([sys.executable, "-m", "paravt", "mcp", "--video", video, "--write-script", str(script)],
-                   check=True, capture_output=True)
+    subprocess.run([server_python, "-m", "paravt", "mcp", "--video", video, "--write-script", str(script)],
+                   check=True, capture_output=True)  # the script re-executes itself under that Python
     args = (f"model_version={model_name},base_url={url}/v1,api_key=EMPTY,mcp_server_path={script},num_cpus=1,"
             "max_retries=1")
     cmd = [sys.executable, "-m", "lmms_eval", "--model", "async_openai", "--model_args", args, "--tasks", TASK,
@@ -174,6 +181,9 @@ def main() -> None:
                     "a background control)")
     ap.add_argument("--model", default=str(ROOT / "src" / "paravt" / "assets" / "paradox-base"))
     ap.add_argument("--port", type=int, default=0, help="paravt serve's port (0: a free one)")
+    ap.add_argument("--server-python", default=str(server_python()), help="the Python with paravt[mcp] (mcp 2.x) "
+                    "that writes the MCP server script, and so runs it (default: the checkout's .venv; lmms-eval's "
+                    "env keeps mcp 1.x for its client)")
     a = ap.parse_args()
     from paravt.procs import free_port
 
@@ -186,7 +196,7 @@ def main() -> None:
     try:
         name = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"][0]["id"]
         rows = [row for video, qs in by_video.items()
-                for row in run_video(out, video, qs, f"http://127.0.0.1:{port}", name)]
+                for row in run_video(out, video, qs, f"http://127.0.0.1:{port}", name, a.server_python)]
     finally:
         proc.terminate()
         proc.wait(30)

@@ -1,8 +1,10 @@
-"""`paravt mcp` driven by the official `mcp` client, over stdio and over streamable HTTP, as an agent
-or lmms-eval would: every tool listed and called on a SynthVT video with the shipped tiny model, what
-each returns checked against paravt's own episode code, and what must be refused refused (a path
-outside the media root, a link out, `..`, a URL, a window outside the video, a file that is no video;
-a foreign Origin or Host on HTTP)."""
+"""`paravt mcp` driven by the official `mcp` client (2.x), over stdio and over streamable HTTP, in both
+protocol eras (2026-07-28's `server/discover`, and the `initialize` handshake mcp 1.x clients such as
+lmms-eval's open with), as an agent or lmms-eval would: every tool listed and called on a SynthVT video
+with the shipped tiny model, what each returns checked against paravt's own episode code, and what
+must be refused refused (a path outside the media root, a link out, `..`, a URL, a window outside the
+video, a file that is no video; a foreign Origin or Host on HTTP). Faults (deadlines, a client that
+leaves, hostile HTTP bodies): tests/test_mcp_faults.py."""
 
 from __future__ import annotations
 
@@ -24,8 +26,7 @@ import pytest
 
 pytest.importorskip("mcp", reason="the mcp package is not installed (pip install -e '.[test]')")
 
-from mcp import ClientSession, StdioServerParameters  # noqa: E402
-from mcp.client.stdio import stdio_client  # noqa: E402
+from mcp import Client, StdioServerParameters  # noqa: E402
 
 from servetools import paravt_server  # noqa: E402
 
@@ -69,11 +70,15 @@ def run(coro):
     return asyncio.run(coro)
 
 
-async def stdio_session(params: StdioServerParameters, work):
-    async with stdio_client(params) as (read, write):
-        async with ClientSession(read, write) as session:
-            await session.initialize()
-            return await work(session)
+ERA = {"auto": "2026-07-28", "legacy": "2025-11-25"}  # the official client's modes, and the era each opens
+
+
+async def session(target, work, mode: str = "auto"):
+    """The official client on `target` (stdio parameters, or an HTTP URL), connected in the era `mode`
+    opens: "auto" probes server/discover (2026-07-28), "legacy" runs the initialize handshake."""
+    async with Client(target, mode=mode) as client:
+        assert client.protocol_version == ERA[mode]
+        return await work(client)
 
 
 def script_params(script: Path, command: str = sys.executable) -> StdioServerParameters:
@@ -88,7 +93,7 @@ def decode_png(data: str) -> np.ndarray:
 
 
 def error_text(result) -> str:
-    assert result.isError, result
+    assert result.is_error, result
     return result.content[0].text
 
 
@@ -116,35 +121,35 @@ def test_stdio_lists_and_calls_every_tool(media, script):
 
     with ThreadPoolExecutor(1) as pool:
         episode = pool.submit(reference)
-        tools, crop, watch, ask = run(stdio_session(script_params(script), _all_tools))
+        tools, crop, watch, ask = run(session(script_params(script), _all_tools))
         ep = episode.result()
     assert set(tools) == TOOLS
-    schema = tools["crop_video"].inputSchema  # LongVT's example server's names
+    schema = tools["crop_video"].input_schema  # LongVT's example server's names
     assert {"video_path", "start_time", "end_time"} <= set(schema["required"])
     assert schema["properties"]["start_time"]["type"] == "number"
 
     # crop_video: the frames a sub-agent sees (1 fps, <= 16, 224x224 budget), each after its time
-    assert not crop.isError
+    assert not crop.is_error
     cfg = EpisodeConfig()
     with VideoReader(media["video"]) as reader:
         frames = reader.crop(3, 9.5, fps=cfg.sub_fps, max_frames=cfg.sub_max_frames)
     images = [c for c in crop.content if c.type == "image"]
     texts = [c.text for c in crop.content if c.type == "text"]
-    assert len(images) == len(frames) == 6 and all(c.mimeType == "image/png" for c in images)
+    assert len(images) == len(frames) == 6 and all(c.mime_type == "image/png" for c in images)
     for img, f in zip(images, frames):
         assert np.array_equal(decode_png(img.data), f.image)  # PNG: the very pixels
     assert texts[1:] == [f"<{f.timestamp:.1f} seconds>" for f in frames]
-    assert crop.structuredContent["frame_times"] == [f.timestamp for f in frames]
-    assert crop.structuredContent["start"] == 3 and crop.structuredContent["end"] == 9.5
+    assert crop.structured_content["frame_times"] == [f.timestamp for f in frames]
+    assert crop.structured_content["start"] == 3 and crop.structured_content["end"] == 9.5
 
     # watch_window: a sub-agent's summary of the window (16 frames of 20 s), on the shipped model
-    assert not watch.isError and watch.structuredContent["summary"]
-    assert len(watch.structuredContent["frame_times"]) == 16
-    assert watch.content[0].text.endswith(watch.structuredContent["summary"])
+    assert not watch.is_error and watch.structured_content["summary"]
+    assert len(watch.structured_content["frame_times"]) == 16
+    assert watch.content[0].text.endswith(watch.structured_content["summary"])
 
     # ask_video: the episode paravt runs in-process, the same answer, calls and summaries
-    assert not ask.isError
-    got = ask.structuredContent
+    assert not ask.is_error
+    got = ask.structured_content
     assert ep.n_executed_calls >= 2 and got["n_executed_calls"] == ep.n_executed_calls  # it cropped
     assert got["answer"] == ep.answer and got["frames"] == 4 and got["mode"] == "parallel"
     want = [[(c.start, c.end, c.response if c.status == "ok" else None) for c in t.calls] for t in ep.turns]
@@ -180,7 +185,7 @@ async def _refusals(session, media):
 
 
 def test_refusals_are_tool_errors_and_the_server_goes_on(media, script):
-    out = run(stdio_session(script_params(script), lambda s: _refusals(s, media)))
+    out = run(session(script_params(script), lambda s: _refusals(s, media), mode="legacy"))
     outside = "is outside the media root"
     for name in ("absolute outside", "dotdot", "dotdot inside", "link out", "ask outside", "file url"):
         assert outside in error_text(out[name]), name
@@ -198,7 +203,7 @@ def test_refusals_are_tool_errors_and_the_server_goes_on(media, script):
         if name != "after":
             assert error_text(r).startswith("Error executing tool ") and "\n" not in error_text(r), name
     after = out["after"]  # an end past the video is clamped, as in the episode
-    assert not after.isError and after.structuredContent["end"] == after.structuredContent["duration"]
+    assert not after.is_error and after.structured_content["end"] == after.structured_content["duration"]
 
 
 # ---------- lmms-eval's way: `python SCRIPT`, a new process per call, minimal environment ----------
@@ -215,25 +220,25 @@ def test_written_script_runs_under_another_python_a_process_per_call(media, scri
     seconds = []
     for _ in range(2):
         t0 = time.perf_counter()
-        res = run(stdio_session(script_params(script, str(base)), lambda s: s.call_tool(
+        res = run(session(script_params(script, str(base)), lambda s: s.call_tool(
             "crop_video", {"video_path": str(media["video"]), "start_time": 10, "end_time": 14})))
         seconds.append(time.perf_counter() - t0)
-        assert not res.isError and len([c for c in res.content if c.type == "image"]) == 4
+        assert not res.is_error and len([c for c in res.content if c.type == "image"]) == 4
     print(f"stdio session to first crop_video result: {min(seconds):.2f} s")
 
 
 def test_crop_video_imports_no_model_code(media):
     code = f"""
 import asyncio, sys
-from mcp.shared.memory import create_connected_server_and_client_session
+from mcp import Client
 from paravt.integrations.mcp.server import build_server
 from paravt.integrations.mcp.settings import McpSettings
 
 async def main():
     server = build_server(McpSettings(media_root={str(media['root'])!r}))
-    async with create_connected_server_and_client_session(server) as s:
+    async with Client(server) as s:
         r = await s.call_tool("crop_video", {{"video_path": "sub/v.mp4", "start_time": 1, "end_time": 3}})
-        assert not r.isError, r
+        assert not r.is_error, r
     print(sorted(m for m in ("torch", "transformers", "paravt.backends.hf", "paravt.models") if m in sys.modules))
 
 asyncio.run(main())
@@ -275,25 +280,28 @@ def http_server(media):
         yield url + "/mcp"
 
 
-async def http_session(url: str, work):
-    try:
-        from mcp.client.streamable_http import streamable_http_client as connect
-    except ImportError:  # mcp < 1.24
-        from mcp.client.streamable_http import streamablehttp_client as connect
-    async with connect(url) as (read, write, _):
-        async with ClientSession(read, write) as session:
-            await session.initialize()
-            return await work(session)
-
-
 def test_http_lists_and_calls_every_tool(http_server, media):
-    tools, crop, watch, ask = run(http_session(http_server, _all_tools))
+    tools, crop, watch, ask = run(session(http_server, _all_tools))
     assert set(tools) == TOOLS
-    assert not crop.isError and len([c for c in crop.content if c.type == "image"]) == 6
-    assert not watch.isError and watch.structuredContent["summary"]
-    assert not ask.isError and ask.structuredContent["frames"] == 4
-    refused = run(http_session(http_server, lambda s: s.call_tool(
-        "crop_video", {"video_path": str(media["outside"]), "start_time": 0, "end_time": 5})))
+    assert not crop.is_error and len([c for c in crop.content if c.type == "image"]) == 6
+    assert not watch.is_error and watch.structured_content["summary"]
+    assert not ask.is_error and ask.structured_content["frames"] == 4
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+def test_http_serves_both_protocol_eras(http_server, media, mode):
+    async def work(s):
+        crop = await s.call_tool("crop_video", {"video_path": "sub/v.mp4", "start_time": 3, "end_time": 9.5})
+        refused = await s.call_tool("crop_video", {"video_path": str(media["outside"]), "start_time": 0, "end_time": 5})
+        return crop, refused
+
+    from paravt.video import VideoReader
+
+    crop, refused = run(session(http_server, work, mode))
+    with VideoReader(media["video"]) as reader:
+        want = [f.timestamp for f in reader.crop(3, 9.5)]
+    assert not crop.is_error and crop.structured_content["frame_times"] == want
+    assert len([c for c in crop.content if c.type == "image"]) == len(want) == 6
     assert "is outside the media root" in error_text(refused)
 
 
@@ -324,19 +332,79 @@ def test_a_server_bound_to_one_video_reads_it_whatever_a_call_names(media):
                         str(out)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
 
-    async def work(session):
-        schema = {t.name: t for t in (await session.list_tools()).tools}["crop_video"].inputSchema
-        bare = await session.call_tool("crop_video", {"start_time": 3, "end_time": 6})
-        other = await session.call_tool("crop_video", {"video_path": str(media["outside"]), "start_time": 3,
+    async def work(client):
+        schema = {t.name: t for t in (await client.list_tools()).tools}["crop_video"].input_schema
+        bare = await client.call_tool("crop_video", {"start_time": 3, "end_time": 6})
+        other = await client.call_tool("crop_video", {"video_path": str(media["outside"]), "start_time": 3,
                                                        "end_time": 6})
         return schema, bare, other
 
-    schema, bare, other = run(stdio_session(script_params(out), work))
+    schema, bare, other = run(session(script_params(out), work))
     assert "video_path" in schema["required"]
     for result in (bare, other):
-        assert not result.isError, result
-        assert result.structuredContent["frame_times"] == [3.5, 4.5, 5.5]
+        assert not result.is_error, result
+        assert result.structured_content["frame_times"] == [3.5, 4.5, 5.5]
         assert result.content[0].text.startswith("Frames of 3.0-6.0 s of v.mp4")
     r = subprocess.run([sys.executable, "-m", "paravt", "mcp", "--video", str(media["base"] / "nope.mp4"),
                         "--print-config"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "not a file" in r.stderr
+
+
+# ---------- an mcp 1.x client (lmms-eval 0.7.3's kind), opt-in ----------
+
+V1_PYTHON = os.environ.get("PARAVT_MCP_V1_PYTHON")  # a Python whose mcp is 1.x, e.g. .venv-lmms/bin/python
+V1_CLIENT = """
+import asyncio, json, sys
+from datetime import timedelta
+from importlib.metadata import version
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamablehttp_client
+
+script, video, url = sys.argv[1:]
+
+async def use(read, write):  # as lmms-eval's MCPClient: initialize, list the tools, call one
+    async with ClientSession(read, write, read_timeout_seconds=timedelta(seconds=300)) as s:
+        init = await s.initialize()
+        tools = (await s.list_tools()).tools
+        crop = await s.call_tool("crop_video", {"video_path": video, "start_time": 3, "end_time": 9.5})
+        bad = await s.call_tool("crop_video", {"video_path": "../outside/secret.mp4", "start_time": 0, "end_time": 5})
+        return {"protocol": init.protocolVersion, "server": init.serverInfo.name, "tools": sorted(t.name for t in tools),
+                "required": sorted(next(t for t in tools if t.name == "crop_video").inputSchema["required"]),
+                "images": sum(c.type == "image" for c in crop.content), "crop_error": crop.isError,
+                "times": crop.structuredContent["frame_times"], "bad": bad.content[0].text, "bad_error": bad.isError}
+
+async def main():
+    out = {"mcp": version("mcp")}
+    async with stdio_client(StdioServerParameters(command=sys.executable, args=[script])) as (r, w):
+        out["stdio"] = await use(r, w)
+    async with streamablehttp_client(url) as (r, w, _):
+        out["http"] = await use(r, w)
+    print(json.dumps(out))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(not V1_PYTHON, reason="opt-in: PARAVT_MCP_V1_PYTHON=a Python with mcp 1.x (.venv-lmms/bin/python, "
+                                          "or a venv with `pip install 'mcp<2'`) runs an mcp 1.x client")
+def test_an_mcp_1x_client_over_stdio_and_http(media, script, http_server):
+    """lmms-eval 0.7.3's client code (mcp 1.x: ClientSession, the initialize handshake) against this
+    server on mcp 2.x: over stdio it starts the written script with its own Python (which has no
+    paravt; the script runs itself again under paravt's), and over streamable HTTP."""
+    from paravt.video import VideoReader
+
+    r = subprocess.run([V1_PYTHON, "-c", V1_CLIENT, str(script), str(media["video"]), http_server],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["mcp"].startswith("1."), out["mcp"]
+    with VideoReader(media["video"]) as reader:
+        want = [f.timestamp for f in reader.crop(3, 9.5)]
+    for transport in ("stdio", "http"):
+        got = out[transport]
+        assert got["server"] == "paravt" and set(got["tools"]) == TOOLS, got
+        assert got["required"] == ["end_time", "start_time", "video_path"]
+        assert not got["crop_error"] and got["images"] == 6 and got["times"] == want
+        assert got["bad_error"] and "is outside the media root" in got["bad"]
+    print(f"mcp {out['mcp']} client: protocol {out['stdio']['protocol']} (stdio), {out['http']['protocol']} (http)")

@@ -146,6 +146,32 @@ def test_short_crop_does_not_decode_whole_file(tmp_path, monkeypatch):
     assert 0 < len(decoded) < 60  # a GOP or two, not 600 frames
 
 
+def test_a_stop_flag_ends_a_probe_and_a_decode_at_the_next_packet(tmp_path, monkeypatch):
+    """A caller that gave up (paravt mcp past a call's deadline) sets the reader's stop flag: the decode
+    running on another thread ends at its next packet (a VideoError), not at the window's end."""
+    p = make_test_video(tmp_path / "one_gop.mp4", seconds=20, fps=10, gop=200)  # a late crop decodes from 0
+    stop = threading.Event()
+    r = VideoReader(p, stop=stop)
+    import paravt.video.passes as V
+
+    decoded = []
+    real_decode = V._decode
+
+    def counting(packet):
+        frames = real_decode(packet)
+        decoded.extend(frames or [])
+        if len(decoded) >= 5:
+            stop.set()  # as the caller's deadline passing would, from its own thread
+        return frames
+
+    monkeypatch.setattr(V, "_decode", counting)
+    with pytest.raises(VideoError, match="reading stopped"):
+        r.crop(15, 19)
+    assert 5 <= len(decoded) < 10  # of the ~190 frames from the keyframe to 19 s
+    with pytest.raises(VideoError, match="reading stopped"):
+        VideoReader(p, stop=stop)  # the probe too
+
+
 def test_thread_safe(striped):
     r = VideoReader(striped)
     errors = []

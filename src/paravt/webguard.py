@@ -101,6 +101,23 @@ def _same_origin(origin: str, host: str) -> bool:
     return bool(netloc) and netloc.lower() == host.strip().lower()
 
 
+CORS_MAX_AGE_S = 600  # a browser may reuse a preflight's answer this long
+
+
+def add_cors(app, origins: tuple[str, ...], methods: tuple[str, ...], headers: tuple[str, ...],
+             expose: tuple[str, ...] = ()) -> None:
+    """Let the browser front-ends at `origins` (as `origin_of` spells them; `--allow-origin`) in: their
+    preflights answered, every answer to them with its CORS headers (Starlette's CORSMiddleware, added
+    outermost to the Starlette or FastAPI `app`, so a preflight is answered before `refusal` is asked).
+    `expose`: response headers their scripts may read. No origins: nothing is added."""
+    if not origins:
+        return
+    from starlette.middleware.cors import CORSMiddleware
+
+    app.add_middleware(CORSMiddleware, allow_origins=list(origins), allow_methods=list(methods),
+                       allow_headers=list(headers), expose_headers=list(expose), max_age=CORS_MAX_AGE_S)
+
+
 HEADER_TIMEOUT_S = 30.0
 
 

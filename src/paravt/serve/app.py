@@ -32,7 +32,7 @@ from paravt.serve.limits import (MAX_BODY_BYTES, MAX_INFLIGHT_PIXELS, PIXEL_WAIT
 from paravt.serve.rl_api import RL_PATHS, WeightGate, add_rl_api
 from paravt.serve.schema import ChatRequest, parse_chat_request
 from paravt.serve.tool_calls import read_calls
-from paravt.webguard import origin_of, refusal
+from paravt.webguard import add_cors, origin_of, refusal
 from paravt.serve.streaming import (first_while_connected, generate_while_connected, pump_generation, retrieve,
                                     stream_events, usage_of)
 
@@ -86,11 +86,7 @@ def create_app(backend: Backend, model_name: str, api_key: Optional[str] = None,
     _add_error_handlers(app)
     origins = tuple(origin_of(o) for o in allowed_origins)
     _add_guard(app, api_key, max_body_bytes, loopback_only, origins, named_hosts)
-    if origins:  # outermost: a preflight is answered before the guard, every answer gets its headers
-        from starlette.middleware.cors import CORSMiddleware
-
-        app.add_middleware(CORSMiddleware, allow_origins=list(origins), allow_methods=["GET", "POST"],
-                           allow_headers=["authorization", "content-type"], max_age=600)
+    add_cors(app, origins, methods=("GET", "POST"), headers=("authorization", "content-type"))
 
     @app.get("/health")
     async def health():

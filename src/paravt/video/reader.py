@@ -66,6 +66,7 @@ class VideoReader:
         timeout_s: float = NET_TIMEOUT_S,
         media_root: str | os.PathLike | None = None,
         max_video_pixels: int = MAX_VIDEO_PIXELS,
+        stop: threading.Event | None = None,
     ) -> None:
         """Opens and probes now, so a bad file (or URL) fails here with a VideoError.
 
@@ -78,8 +79,9 @@ class VideoReader:
         media_root: the file must lie under this folder, as opened (paravt.video.media): a server's
         promise; every decoder reads the descriptor checked, never the name again.
         max_video_pixels: frames larger than this are refused (and no decoder allocates one).
+        stop: once set (a caller's deadline passed), every read ends at its next packet (a Stopped error).
         """
-        self.source = Source.of(path, timeout_s, decoder_threads, media_root, max_video_pixels)
+        self.source = Source.of(path, timeout_s, decoder_threads, media_root, max_video_pixels, stop)
         self.max_pixels = max_pixels
         self.min_pixels = min_pixels
         self.factor = factor

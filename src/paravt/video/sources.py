@@ -55,6 +55,7 @@ class Source:
     decoder_threads: int = 0
     media_root: Path | None = None  # a file must really lie under it (checked on the open descriptor)
     max_video_pixels: int = MAX_VIDEO_PIXELS  # a coded frame's pixels at most
+    stop: threading.Event | None = None  # set by a caller that gave up: every read ends at its next packet
     length: int | None = None  # a URL's bytes, as its server stated them
     stream_index: int | None = None  # the video stream read, chosen on the first open
     _file: OpenedFile | None = field(default=None, repr=False, compare=False)
@@ -64,7 +65,8 @@ class Source:
 
     @classmethod
     def of(cls, path: str | os.PathLike, timeout_s: float = NET_TIMEOUT_S, decoder_threads: int = 0,
-           media_root: str | os.PathLike | None = None, max_video_pixels: int = MAX_VIDEO_PIXELS) -> "Source":
+           media_root: str | os.PathLike | None = None, max_video_pixels: int = MAX_VIDEO_PIXELS,
+           stop: threading.Event | None = None) -> "Source":
         """The source `path` names, checked: a URL scheme other than http(s), a bad deadline, a
         missing, empty, non-regular or directory file (one outside `media_root`), or a URL whose
         server fails or ignores ranges is a VideoError now."""
@@ -77,7 +79,7 @@ class Source:
         if remote and media_root is not None:
             raise VideoError(f"{path}: a URL is not a file under the media root")
         src = cls(path if remote else Path(path), remote, float(timeout_s), decoder_threads,
-                  Path(media_root) if media_root is not None else None, int(max_video_pixels))
+                  Path(media_root) if media_root is not None else None, int(max_video_pixels), stop)
         if remote:
             src.length = check_ranges(src.path, src.timeout_s)
         else:
@@ -216,13 +218,18 @@ class Source:
             self._ops.budget = None
 
     def packets(self, c, *streams):
-        """c.demux(*streams); on a URL each packet is spent from the operation's budget."""
-        if not self.remote:
-            yield from c.demux(*streams)
-            return
-        budget = getattr(self._ops, "budget", None) or Budget.start(str(self.path), self.timeout_s)
+        """c.demux(*streams), every demux loop's one source of packets: each packet first checks the
+        caller's stop flag (PyAV's interrupt callback cannot be raised from outside, so a probe, a
+        decode or a URL's download ends within one packet of the flag, its thread free), and on a URL
+        is spent from the operation's budget."""
+        budget = None
+        if self.remote:
+            budget = getattr(self._ops, "budget", None) or Budget.start(str(self.path), self.timeout_s)
         for packet in c.demux(*streams):
-            budget.spend(packet.size or 0)
+            if self.stop is not None and self.stop.is_set():
+                raise Stopped(f"{self.path}: reading stopped (the caller's deadline passed)")
+            if budget is not None:
+                budget.spend(packet.size or 0)
             yield packet
 
     def network_failure(self, e: BaseException) -> bool:
@@ -242,7 +249,7 @@ class Source:
         """For a URL, the VideoError of a network failure behind the read error `e`, else None
         (bad data: skipped as damage, as in a file). Demuxers report a connection lost mid-read
         as bad data (MP4: InvalidDataError), so such an error is checked by opening the URL again."""
-        if isinstance(e, VideoError):  # a budget spent (paravt.video.net), or a reopen refused
+        if isinstance(e, VideoError):  # stopped, a budget spent (paravt.video.net), or a reopen refused
             return e
         if not self.remote:
             return None
@@ -264,3 +271,7 @@ class Source:
         else:
             cause = getattr(e, "strerror", None) or str(e) or type(e).__name__
         return VideoError(f"{self.path}: cannot read ({cause})")
+
+
+class Stopped(VideoError):
+    """Reading stopped: the caller gave up (its deadline passed)."""

@@ -31,7 +31,8 @@ def mcp_command(
     host: str = typer.Option("127.0.0.1", help="--http: bind address (loopback only)."),
     port: int = typer.Option(8765, help="--http: port."),
     allow_origin: list[str] = typer.Option([], help="--http: a browser origin whose pages may call the server "
-                                           "(other cross-origin requests are refused). Repeatable."),
+                                           "(its CORS preflights answered; other cross-origin requests are "
+                                           "refused). Repeatable."),
     write_script: str = typer.Option(None, help="Write a server script bound to these options and this Python to "
                                      "PATH and exit (lmms-eval's mcp_server_path=PATH runs it as `python PATH`)."),
     print_config: bool = typer.Option(False, "--print-config", help="Print the mcpServers JSON entry a desktop "
@@ -54,7 +55,7 @@ def mcp_command(
         try:
             from paravt.integrations.mcp.server import run
         except ImportError as e:
-            raise ValueError(f"the MCP server needs the mcp package ({e}): pip install 'paravt[mcp]'") from None
+            raise ValueError(f"the MCP server needs the mcp package, 2.x ({e}): pip install 'paravt[mcp]'") from None
         run(settings, "http" if http else "stdio", host=host, port=port, allowed_origins=tuple(allow_origin))
     except (ValueError, OSError) as e:
         typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)

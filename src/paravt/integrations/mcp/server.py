@@ -1,30 +1,41 @@
-"""The MCP server (the official `mcp` SDK's FastMCP): the three tools, stdio and streamable HTTP.
+"""The MCP server on the official `mcp` SDK 2.x (MCPServer): the three tools, the stdio transport,
+and the process's start and end (`run`). HTTP: paravt.integrations.mcp.web.
 
-Each tool answers a call that goes wrong (a path outside the media root, a window outside the video,
-an unreadable file, a model that fails, the deadline) with a tool error, `isError: true` and one line
-of text, as FastMCP reports an exception a tool raises ("Error executing tool crop_video: ..."), the
-form lmms-eval's LongVT example server gives too; the server goes on.
+Both protocol eras are served, on either transport (the SDK decides each connection by its first
+request): the `initialize` handshake that mcp 1.x clients open with (lmms-eval 0.7.3's; versions
+2024-11-05 to 2025-11-25) and 2026-07-28's `server/discover`. Each tool answers a call that goes wrong
+(a path outside the media root, a window outside the video, an unreadable file, a model that fails,
+the deadline) with a tool error, `is_error` and one line of text ("Error executing tool crop_video:
+..."), the form lmms-eval's LongVT example server gives too; the server goes on.
+
+The end: when stdin closes (stdio), the calls running are stopped (their reads end at the next
+packet, `tools.within`), the model client is closed, and the process exits without waiting for a
+thread the kernel still holds (a read of a stalled URL, an open of a FIFO): an MCP server must not
+outlive its client. Over HTTP a signal stops it: uvicorn cancels the requests still running after
+`web.SHUTDOWN_S`, and the signal, raised again, ends the process.
 """
 
-# no `from __future__ import annotations`: FastMCP reads the tools' annotations, which name locals
+# no `from __future__ import annotations`: MCPServer reads the tools' annotations, which name locals
 import base64
 import io
+import logging
 import os
 import sys
-from typing import Annotated, Any, Callable, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import numpy as np
 
-from mcp.server.fastmcp import FastMCP
-from mcp.server.transport_security import TransportSecuritySettings
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, ImageContent, TextContent
 from pydantic import Field
 
+from paravt import __version__
 from paravt import protocol as P
-from paravt.integrations.mcp.settings import McpSettings
+from paravt.integrations.mcp import wire
+from paravt.integrations.mcp.settings import McpSettings, ToolInputError
 from paravt.integrations.mcp.tools import Models, Window, ask, episode_summary, run_window, within
 
-MCP_PATH = "/mcp"
 INSTRUCTIONS = (
     "Tools for long videos. crop_video returns the frames of one time window (1 frame per second, at most "
     f"{P.MAX_CALL_FRAMES}, each labelled with its time). watch_window has a helper model watch one window and "
@@ -59,25 +70,31 @@ def crop_result(w: Window) -> CallToolResult:
         if part.type == "text":
             content.append(TextContent(type="text", text=part.text))
         else:
-            content.append(ImageContent(type="image", data=png(part.image), mimeType="image/png"))
-    return CallToolResult(content=content, structuredContent=w.info())
+            content.append(ImageContent(type="image", data=png(part.image), mime_type="image/png"))
+    return CallToolResult(content=content, structured_content=w.info())
 
 
-class ParavtMCP(FastMCP):
-    """FastMCP whose argument errors are one line ("end_time: Field required") like every other tool
-    error, instead of pydantic's multi-line report."""
+class ParavtMCP(MCPServer):
+    """MCPServer whose tool errors are one line naming the tool: an argument error ("end_time: Field
+    required") instead of pydantic's multi-line report, a ToolInputError's own text (the SDK withholds
+    the text of any exception but its ToolError), and a call holding a lone surrogate refused before
+    it runs (its text could never be written back)."""
 
     video: Optional[str] = None  # McpSettings.video: the file every call reads
 
-    async def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
-        from mcp.server.fastmcp.exceptions import ToolError
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
         from pydantic import ValidationError
 
+        bad = wire.lone_surrogate({"name": name, "arguments": arguments}, "the call")
+        if bad is not None:
+            raise ToolError(f"Error executing tool {ascii(name)[1:-1]}: {bad}")
         if self.video is not None and isinstance(arguments, dict):
             arguments = {**arguments, "video_path": self.video}
         try:
-            return await super().call_tool(name, arguments)
+            return await super().call_tool(name, arguments, context)
         except ToolError as e:
+            if isinstance(e.__cause__, ToolInputError):
+                raise ToolError(f"Error executing tool {name}: {e.__cause__}") from None
             if not isinstance(e.__cause__, ValidationError):
                 raise
             why = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'arguments'}: {err['msg']}"
@@ -85,14 +102,9 @@ class ParavtMCP(FastMCP):
             raise ToolError(f"Error executing tool {name}: {why}") from None
 
 
-def build_server(settings: McpSettings, models: Models | None = None, *, host: str = "127.0.0.1",
-                 port: int = 8765) -> FastMCP:
-    """A FastMCP server whose tools run under `settings` (watch_window and ask_video on `models`'
-    backend). Its own DNS-rebinding check is off: the HTTP transport runs behind paravt.webguard's
-    (see `http_app`), the one rule of every paravt server."""
-    server = ParavtMCP("paravt", instructions=INSTRUCTIONS, host=host, port=port, log_level="WARNING",
-                     streamable_http_path=MCP_PATH,
-                     transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+def build_server(settings: McpSettings, models: Models | None = None) -> MCPServer:
+    """The server whose tools run under `settings` (watch_window and ask_video on `models`' backend)."""
+    server = ParavtMCP("paravt", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING")
     server.video = settings.video
     models = models or Models(settings)
 
@@ -102,8 +114,8 @@ def build_server(settings: McpSettings, models: Models | None = None, *, host: s
     async def crop_video(video_path: VideoPath, start_time: Start, end_time: End,
                          num_frames: Annotated[Optional[int], Field(description="Optional number of frames to sample "
                                                f"from the window (1-{P.MAX_CALL_FRAMES})")] = None) -> CallToolResult:
-        w = await within(settings, "crop_video", run_window(settings, video_path, start_time, end_time,
-                                                            num_frames=num_frames))
+        w = await within(settings, "crop_video", lambda stop: run_window(settings, video_path, start_time, end_time,
+                                                                         stop, num_frames=num_frames))
         return crop_result(w)
 
     @server.tool(name="watch_window", description=(
@@ -113,10 +125,10 @@ def build_server(settings: McpSettings, models: Models | None = None, *, host: s
     async def watch_window(video_path: VideoPath, start_time: Start, end_time: End,
                            question: Annotated[str, Field(description="What to look for (the question being "
                                                           "answered)")] = "") -> CallToolResult:
-        w = await within(settings, "watch_window", run_window(settings, video_path, start_time, end_time,
-                                                              question=question, models=models))
+        w = await within(settings, "watch_window", lambda stop: run_window(
+            settings, video_path, start_time, end_time, stop, question=question, models=models))
         return CallToolResult(content=[TextContent(type="text", text=window_text(w, "Summary of") + ":\n"
-                                                   + (w.summary or ""))], structuredContent=w.info())
+                                                   + (w.summary or ""))], structured_content=w.info())
 
     @server.tool(name="ask_video", description=(
         "Answer a question about a video with paravt's parallel episode: the model sees overview frames, has "
@@ -128,7 +140,8 @@ def build_server(settings: McpSettings, models: Models | None = None, *, host: s
                                                                f"server's, {settings.frames})")] = None,
                         mode: Annotated[Optional[Literal["parallel", "sequential", "inline", "none"]], Field(
                             description=f"How crops run (default: {settings.mode})")] = None) -> CallToolResult:
-        ep = await within(settings, "ask_video", ask(settings, models, video_path, question, frames, mode))
+        ep = await within(settings, "ask_video", lambda stop: ask(settings, models, video_path, question, frames, mode,
+                                                                  stop))
         info = episode_summary(ep)
         lines = [f"Answer: {ep.answer if ep.answer is not None else '(none)'}"]
         if ep.error:
@@ -137,80 +150,88 @@ def build_server(settings: McpSettings, models: Models | None = None, *, host: s
             for c in t["calls"]:
                 span = f"{c['start']:.1f}-{c['end']:.1f} s" if c["start"] is not None else "?"
                 lines.append(f"turn {t['turn'] + 1}, window {span}: " + (c["summary"] or f"error: {c['error']}"))
-        return CallToolResult(content=[TextContent(type="text", text="\n".join(lines))], structuredContent=info)
+        return CallToolResult(content=[TextContent(type="text", text="\n".join(lines))], structured_content=info)
 
     return server
 
 
-def http_app(server: FastMCP, loopback_only: bool = True, allowed_origins: tuple[str, ...] = ()) -> Callable:
-    """The streamable HTTP app behind paravt.webguard's checks, as `paravt serve` and `paravt app`: a
-    Host that is not a loopback name (DNS rebinding), a foreign Origin, a POST to /mcp that is not
-    JSON are refused before the MCP SDK sees them."""
-    from starlette.datastructures import Headers
-    from starlette.responses import JSONResponse
-
-    from paravt.webguard import refusal
-
-    inner = server.streamable_http_app()
-    origins = tuple(o.rstrip("/") for o in allowed_origins)
-
-    async def guarded(scope, receive, send) -> None:
-        if scope["type"] == "http":
-            why = refusal(scope["method"], scope["path"].rstrip("/") or "/", Headers(scope=scope), loopback_only,
-                          json_paths=(MCP_PATH,), allowed_origins=origins)
-            if why is not None:
-                await JSONResponse({"error": why[1]}, status_code=why[0])(scope, receive, send)
-                return
-        await inner(scope, receive, send)
-
-    return guarded
-
-
-async def _serve_stdio(server: FastMCP) -> None:
-    """stdio with the protocol on its own copy of stdout: whatever else writes to stdout (a print, a
-    library's progress line) lands on stderr instead of breaking the JSON-RPC stream."""
-    import anyio
+async def serve_stdio(server: MCPServer) -> None:
+    """stdio as the SDK serves it (the protocol on private descriptors: a print or a library's progress
+    line lands on stderr, not in the JSON-RPC stream), with the lines its parser refuses that are
+    requests answered (`wire.AnsweringReads`: a lone surrogate) instead of dropped unanswered."""
     from mcp.server.stdio import stdio_server
 
-    proto = os.dup(1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    out = anyio.wrap_file(io.TextIOWrapper(os.fdopen(proto, "wb"), encoding="utf-8"))
-    low = server._mcp_server  # FastMCP.run_stdio_async's own server object, fed our stdout
-    async with stdio_server(stdout=out) as (read, write):
-        await low.run(read, write, low.create_initialization_options())
+    low = server._lowlevel_server  # what MCPServer.run_stdio_async serves, on a read stream of ours
+    async with stdio_server() as (read, write):
+        await low.run(wire.AnsweringReads(read, write), write, low.create_initialization_options())
+
+
+def one_line_logging(level: int = logging.WARNING) -> None:
+    """Every log record as one line on stderr, the exception's type and text at its end, in place of the
+    SDK's rich tracebacks (a traceback per dropped connection, rendered on the event loop, once froze
+    the server for a minute). Set before the SDK's own, which then adds none."""
+
+    class OneLine(logging.Formatter):
+        def format(self, record: logging.LogRecord) -> str:
+            line = f"paravt mcp: {record.levelname.lower()}: {record.getMessage()}"
+            if record.exc_info and record.exc_info[1] is not None:
+                e = record.exc_info[1]
+                line += f" ({type(e).__name__}: {e})"
+            return line.replace("\n", " ")[:2000]
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(OneLine())
+    logging.basicConfig(level=level, handlers=[handler], force=True)
 
 
 def run(settings: McpSettings, transport: str = "stdio", host: str = "127.0.0.1", port: int = 8765,
         allowed_origins: tuple[str, ...] = ()) -> None:
-    """Serve until the client goes away (stdio) or until interrupted (http)."""
+    """Serve until the client goes away (stdio: stdin closes) or until stopped (http), then exit."""
     import anyio
 
+    from paravt.integrations.mcp import web
     from paravt.webguard import is_loopback
 
-    models = Models(settings)
-    server = build_server(settings, models, host=host, port=port)
-    if transport == "stdio":
-        async def main_stdio() -> None:
-            try:
-                await _serve_stdio(server)
-            finally:
-                await models.aclose()
-
-        anyio.run(main_stdio)
-        return
-    if transport != "http":
+    if transport not in ("stdio", "http"):
         raise ValueError(f"transport must be stdio or http, got {transport!r}")
-    if not is_loopback(host):
+    if transport == "http" and not is_loopback(host):
         raise ValueError(f"--host {host}: the MCP server binds a loopback address only (it has no authentication; "
                          "put a proxy that authenticates in front of it to reach it from elsewhere)")
-    import uvicorn
+    one_line_logging()
+    models = Models(settings)
+    server = build_server(settings, models)
+    if transport == "http":
+        app = web.http_app(server, True, allowed_origins)
+        print(f"paravt mcp: streamable HTTP at http://{host}:{port}{web.MCP_PATH}", file=sys.stderr, flush=True)
 
-    from paravt.webguard import h11_protocol
+    async def main() -> None:
+        status = 1
+        try:
+            await (serve_stdio(server) if transport == "stdio" else web.serve(app, host, port))
+            status = 0
+        except SystemExit as e:  # uvicorn's, e.g. when the port is taken (it has said why)
+            status = e.code if isinstance(e.code, int) else 1
+        except Exception:  # noqa: BLE001 - said, then the same end as any other
+            logging.getLogger("paravt.mcp").exception("the server failed")
+        finally:
+            with anyio.move_on_after(5, shield=True):
+                await models.aclose()
+            leave(status)
 
-    print(f"paravt mcp: streamable HTTP at http://{host}:{port}{MCP_PATH}", file=sys.stderr, flush=True)
-    uvicorn.run(http_app(server, True, allowed_origins), host=host, port=port, log_level="warning",
-                http=h11_protocol())
+    anyio.run(main)
+
+
+def leave(status: int) -> None:
+    """End the process now: output flushed, no thread waited for. A tool call's thread that still
+    runs has been told to stop (its reads end at the next packet), but one the kernel holds (a
+    read of a stalled URL, an open of a FIFO) would keep Python's exit waiting forever."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)
 
 
 def main(settings: dict[str, Any] | None = None) -> None:

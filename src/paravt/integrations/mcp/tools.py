@@ -12,9 +12,10 @@ watch_window or ask_video first needs one (`Models`).
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, TypeVar
+from typing import Any, Awaitable, Callable, TypeVar
 
 from paravt import protocol as P
 from paravt.integrations.mcp.settings import MODES, McpSettings, ToolInputError, resolve_video
@@ -73,12 +74,18 @@ class Models:
             self.backend = None
 
 
-async def within(settings: McpSettings, what: str, work: Awaitable[T]) -> T:
-    """`work` under the tool's deadline (settings.timeout_s), as a model call is bounded."""
+async def within(settings: McpSettings, what: str, work: Callable[[threading.Event], Awaitable[T]]) -> T:
+    """`work(stop)` under the tool's deadline (settings.timeout_s), as a model call is bounded. When
+    the call ends, past its deadline or cancelled (the client left) or done, `stop` is set: whatever
+    the call still reads on a thread (a probe, a decode, a URL's download: see paravt.video.Source)
+    ends at its next packet, so it stops using CPU, memory and network and frees its worker."""
+    stop = threading.Event()
     try:
-        return await asyncio.wait_for(work, settings.timeout_s)
+        return await asyncio.wait_for(work(stop), settings.timeout_s)
     except asyncio.TimeoutError:
         raise ToolInputError(f"{what} took longer than {settings.timeout_s:g} s (the server's --timeout)") from None
+    finally:
+        stop.set()
 
 
 def _video_error(e: Exception) -> ToolInputError:
@@ -89,20 +96,22 @@ def _video_error(e: Exception) -> ToolInputError:
     return ToolInputError(str(e))
 
 
-async def open_video(settings: McpSettings, video_path: str):
-    """A VideoReader of the file (or URL) the call names, or a ToolInputError saying why not."""
+async def open_video(settings: McpSettings, video_path: str, stop: threading.Event):
+    """A VideoReader of the file (or URL) the call names, reading until `stop` is set, or a
+    ToolInputError saying why not."""
     from paravt.video import VideoError, VideoReader
 
     path = resolve_video(settings, video_path)
     root = None if isinstance(path, str) else settings.media_root  # a URL is no file under it
     try:
-        return await asyncio.to_thread(VideoReader, path, timeout_s=settings.timeout_s, media_root=root)
+        return await asyncio.to_thread(VideoReader, path, timeout_s=settings.timeout_s, media_root=root,
+                                       stop=stop)
     except VideoError as e:
         raise _video_error(e) from None
 
 
-async def run_window(settings: McpSettings, video_path: str, start_time: Any, end_time: Any, *,
-                     num_frames: int | None = None, question: str | None = None,
+async def run_window(settings: McpSettings, video_path: str, start_time: Any, end_time: Any, stop: threading.Event,
+                     *, num_frames: int | None = None, question: str | None = None,
                      models: Models | None = None) -> Window:
     """One crop_video call run by the episode's own dispatch: inline (its frames returned) without
     `models`, else by a sub-agent with a fresh context on their backend, which sees `question` as the
@@ -116,7 +125,7 @@ async def run_window(settings: McpSettings, video_path: str, start_time: Any, en
     call.raw = call.to_text()
     cfg = settings.episode_config(mode="inline" if models is None else "parallel",
                                   subagent_sees_question=bool(question))
-    reader = await open_video(settings, video_path)
+    reader = await open_video(settings, video_path, stop)
     t0 = time.perf_counter()
     try:
         backend = None
@@ -141,7 +150,7 @@ async def run_window(settings: McpSettings, video_path: str, start_time: Any, en
 
 
 async def ask(settings: McpSettings, models: Models, video_path: str, question: str, frames: int | None,
-              mode: str | None, question_type: str = "auto"):
+              mode: str | None, stop: threading.Event, question_type: str = "auto"):
     """The whole episode (`run_episode`) on the named video; returns the Episode."""
     from paravt.agent import run_episode
     from paravt.ask import question_type_of
@@ -158,7 +167,7 @@ async def ask(settings: McpSettings, models: Models, video_path: str, question: 
         qtype = question_type_of(question, question_type)
     except ValueError as e:
         raise ToolInputError(str(e)) from None
-    reader = await open_video(settings, video_path)
+    reader = await open_video(settings, video_path, stop)
     try:
         backend = await models.get()
         from paravt.backends.base import BackendError
