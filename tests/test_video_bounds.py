@@ -63,7 +63,7 @@ def test_mcp_and_the_app_refuse_it(huge, tmp_path):
     from paravt.integrations.mcp.settings import McpSettings, ToolInputError
 
     with pytest.raises(ToolInputError, match="16000x16000"):
-        asyncio.run(tools.run_window(McpSettings(media_root=str(huge.parent)), huge.name, 0, 1))
+        asyncio.run(tools.run_window(McpSettings(media_root=str(huge.parent)), huge.name, 0, 1, threading.Event()))
     app = create_app(AppSettings(media_root=huge.parent), upload_dir=tmp_path / "uploads",
                      backend_factory=lambda m: ScriptedBackend(lambda r: "<answer>A</answer>"))
     with TestClient(app) as c:

@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -80,7 +81,7 @@ def test_mcp_and_app_refuse_a_playlist_in_the_root(media, tmp_path):
     settings = McpSettings(media_root=str(root))
     for name in playlists(media["outside"]):
         with pytest.raises(ToolInputError, match="never a playlist"):
-            asyncio.run(tools.run_window(settings, name, 0, 2))
+            asyncio.run(tools.run_window(settings, name, 0, 2, threading.Event()))
     with pytest.raises(VideoError, match="never a playlist"):  # the app's thumbnails
         overview_thumbnails(root / "rel.m3u8", [0.5, 1.5], root=root)
     app = create_app(AppSettings(media_root=root), upload_dir=tmp_path / "uploads",
@@ -129,7 +130,7 @@ def test_a_link_swapped_in_after_the_name_check(media, monkeypatch, swapped):
 
     monkeypatch.setattr(tools, "resolve_video", check_then_swap)
     with pytest.raises(ToolInputError, match="outside the media root"):
-        asyncio.run(tools.run_window(settings, "sub/v.mp4", 0, 3))
+        asyncio.run(tools.run_window(settings, "sub/v.mp4", 0, 3, threading.Event()))
 
 
 def test_a_link_swapped_in_while_the_video_is_open(media, monkeypatch):
@@ -139,13 +140,13 @@ def test_a_link_swapped_in_while_the_video_is_open(media, monkeypatch):
     settings = McpSettings(media_root=str(media["root"]))
     real = tools.open_video
 
-    async def open_then_swap(s, name):
-        reader = await real(s, name)
+    async def open_then_swap(s, name, stop):
+        reader = await real(s, name, stop)
         swap_in_link(media["video"], media["outside"] / "secret.mp4")
         return reader
 
     monkeypatch.setattr(tools, "open_video", open_then_swap)
-    window = asyncio.run(tools.run_window(settings, "sub/v.mp4", 0, 3))
+    window = asyncio.run(tools.run_window(settings, "sub/v.mp4", 0, 3, threading.Event()))
     shown = [decode_stripe(p.image) for p in window.parts if hasattr(p, "image")]
     assert shown and all(i < SECRET for i in shown), shown
 
