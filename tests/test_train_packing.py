@@ -16,6 +16,7 @@ from paravt.train.attention import VARLEN_SDPA, varlen_attention
 from paravt.train.batches import collate, pack, pack_groups, per_sequence, plan_micro_batches, sequence_rows
 from paravt.train.logprobs import token_logprobs
 from paravt.train.sequences import TrainSequence
+from rollouttools import group_rollouts
 
 TAU = 0.7
 # the trainer's packed attention on a CPU (per-sequence sdpa), and transformers' own packed path
@@ -194,29 +195,6 @@ def test_checkpoint_every_checkpoints_every_nth_layer_only():
 # shared prompts (train.prompt_sharing): sequences that begin alike hold their beginning once
 
 
-def _rollouts(r: Renderer, rng, frames: list[np.ndarray], lengths: list[int], turns: int = 1) -> list[TrainSequence]:
-    """Rollouts of one prompt (these frames): the prompt's ids and frames, then each its own
-    generated tokens (and, with turns > 1, a tool response between its turns)."""
-    parts = []
-    for i, im in enumerate(frames):
-        parts += [TextPart(f"<{i}.0 seconds>"), ImagePart(im, float(i))]
-    parts.append(TextPart("What colour is the circle?"))
-    rd = r.render([Message("system", "You watch videos and answer questions about them."), Message("user", parts)])
-    out = []
-    for n in lengths:
-        ids, mask = list(rd.ids), [0] * len(rd.ids)
-        for t in range(turns):
-            gen = [int(x) for x in rng.integers(200, len(r.tok) - 200, n)]
-            ids, mask = ids + gen, mask + [1] * n
-            if t < turns - 1:
-                resp = r.encode("<tool_response>a red circle</tool_response>")
-                ids, mask = ids + resp, mask + [0] * len(resp)
-        old = [float(-rng.uniform(0.5, 3.0)) if m else 0.0 for m in mask]
-        adv = [float(rng.normal()) if m else 0.0 for m in mask]
-        out.append(TrainSequence(ids, mask, old, adv, list(rd.images), "main"))
-    return out
-
-
 @pytest.fixture(scope="module")
 def sharing(tiny):
     """Three rollouts of one prompt (one of two turns), two of a prompt with other frames of the
@@ -226,9 +204,9 @@ def sharing(tiny):
     rng = np.random.default_rng(1)
     frames = [rng.integers(0, 256, (64, 64, 3), np.uint8) for _ in range(2)]
     other = [rng.integers(0, 256, (64, 64, 3), np.uint8) for _ in range(2)]
-    a = _rollouts(r, rng, frames, [9, 4]) + _rollouts(r, rng, frames, [6], turns=2)
-    b = _rollouts(r, rng, other, [5, 7])
-    more = _rollouts(r, rng, frames + [rng.integers(0, 256, (64, 96, 3), np.uint8)], [6])
+    a = group_rollouts(r, rng, frames, [9, 4]) + group_rollouts(r, rng, frames, [6], turns=2)
+    b = group_rollouts(r, rng, other, [5, 7])
+    more = group_rollouts(r, rng, frames + [rng.integers(0, 256, (64, 96, 3), np.uint8)], [6])
     return [a[0], b[0], a[1], _seq(r, rng, [(96, 64)], 7, "sub"), a[2], b[1], more[0]]
 
 

@@ -11,7 +11,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from paravt.backends.base import ImagePart, Message, TextPart
 from paravt.chat import Renderer
 from paravt.models import load_model
 from paravt.train import attention as attn
@@ -22,30 +21,9 @@ from paravt.train.engine import configure_checkpointing, init_engine
 from paravt.train.grpo import GRPOConfig, ppo_loss
 from paravt.train.logprobs import token_logprobs
 from paravt.train.sequences import TrainSequence
+from rollouttools import group_rollouts
 
 TAU = 0.7
-
-
-def _group(r: Renderer, rng, frames: list[np.ndarray], lengths: list[int], turns: int = 1) -> list[TrainSequence]:
-    """Rollouts of one prompt (these frames), each with its own generated tokens (a tool response
-    between turns): a GRPO group, whose prompt a packed pass holds once."""
-    parts = []
-    for i, im in enumerate(frames):
-        parts += [TextPart(f"<{i}.0 seconds>"), ImagePart(im, float(i))]
-    parts.append(TextPart("What colour is the circle?"))
-    rd = r.render([Message("system", "You watch videos and answer questions about them."), Message("user", parts)])
-    out = []
-    for n in lengths:
-        ids, mask = list(rd.ids), [0] * len(rd.ids)
-        for t in range(turns):
-            ids, mask = ids + [int(x) for x in rng.integers(200, len(r.tok) - 200, n)], mask + [1] * n
-            if t < turns - 1:
-                resp = r.encode("<tool_response>a red circle</tool_response>")
-                ids, mask = ids + resp, mask + [0] * len(resp)
-        old = [float(-rng.uniform(0.5, 3.0)) if m else 0.0 for m in mask]
-        adv = [float(rng.normal()) if m else 0.0 for m in mask]
-        out.append(TrainSequence(ids, mask, old, adv, list(rd.images), "main", group=0))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +37,9 @@ def seqs(tiny):
     r = Renderer(tiny[1])
     rng = np.random.default_rng(3)
     frames = [rng.integers(0, 256, (64, 64, 3), np.uint8) for _ in range(2)]
-    sub = _group(r, rng, [rng.integers(0, 256, (96, 64, 3), np.uint8)], [7])
-    return _group(r, rng, frames, [9, 4]) + _group(r, rng, frames, [6], turns=2) + sub
+    sub = group_rollouts(r, rng, [rng.integers(0, 256, (96, 64, 3), np.uint8)], [7], group=0)
+    return (group_rollouts(r, rng, frames, [9, 4], group=0) + group_rollouts(r, rng, frames, [6], turns=2, group=0)
+            + sub)
 
 
 def _copies(seqs):
