@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 from paravt import protocol as P
+from paravt.protocol.options import LETTERS, option_body, options_from_question  # noqa: F401  (the option grammar)
 
 # ----------------------------------------------------------------------------------------------
 # configuration
@@ -102,7 +103,6 @@ def token_f1(prediction: str, answer: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-LETTERS = "ABCDEFGHIJ"
 _L = r"[\(\[]?([A-J])[\)\]]?"
 _BARE_RE = re.compile(r"^[\(\[]?([A-Ja-j])[\)\]]?[.:)]?$")  # "B", "b", "(B)", "[B]", "B.", "B)"
 _ANSWER_KW_RE = re.compile(  # "The answer is B", "Answer: (C)", "the correct choice is option D"
@@ -115,20 +115,6 @@ _VERBS = r"(?:is|was|would|should|seems|looks|matches|fits|best|and|or)\b"
 _LETTER = rf"([B-HJ]|[AI](?!\s+(?!{_VERBS})[a-z]|\s*'))"
 _LEADING_RE = re.compile(rf"^[\(\[]?{_LETTER}[\)\]]?(?:[.:)]|\s)")  # "B. red", "B) red", "B red"
 _LONE_RE = re.compile(rf"(?<![A-Za-z0-9']){_LETTER}(?![A-Za-z0-9'])")
-_OPTION_LINE_RE = re.compile(r"^\s*[\(\[]?([A-J])[\)\]]?[.:)]\s*(.+?)\s*$", re.M)
-
-
-def options_from_question(question: str) -> list[str] | None:
-    """The option texts of a question that lists them one per line ("A. circle", "(B) square")."""
-    found = _OPTION_LINE_RE.findall(question or "")
-    letters = "".join(letter for letter, _ in found)
-    if len(found) >= 2 and letters == LETTERS[: len(found)]:
-        return [body for _, body in found]
-    return None
-
-
-def _option_body(opt: str) -> str:
-    return re.sub(r"^\s*[\(\[]?[A-J][\)\]]?[.:)]\s*", "", opt.strip())
 
 
 def mcq_letter(text: str | None, options: list[str] | None = None) -> str | None:
@@ -158,7 +144,7 @@ def _any_letter(text: str | None, options: list[str] | None) -> str | None:
     if options:
         ns = normalize_text(s.rstrip("."))
         for i, opt in enumerate(options[: len(LETTERS)]):
-            if ns and ns == normalize_text(_option_body(opt)):
+            if ns and ns == normalize_text(option_body(opt)):
                 return LETTERS[i]
     said = _ANSWER_KW_RE.findall(s)
     if said:
@@ -217,7 +203,7 @@ def accuracy_reward(
 ) -> float:
     """R_acc in [0, 1]: normalized exact match -> 1, else by question type.
 
-    mcq: option-letter match (options, when not given, are read from the question's lines, so
+    mcq: option-letter match (options, when not given, are read from the question, so
     an answer written as the option's text also counts); tvg: temporal IoU of the first pair
     (no string match first: normalization would drop the decimal points and make '1.5 - 2'
     equal '15 - 2'); oe: token F1, exact match or the judge, by `cfg.oe_metric`."""

@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from paravt.protocol.options import LETTERS, split_marker
 from paravt.subtitles import Subtitles, load_lvb_subtitles, load_srt
 
-LETTERS = "ABCDEFGHIJ"
 VIDEO_EXTS = (".mp4", ".mkv", ".webm", ".avi", ".mov", ".m4v")
 
 
@@ -79,8 +79,8 @@ def mcq_text(question: str, options: list[str]) -> tuple[str, list[str]]:
     opts = []
     for i, o in enumerate(options):
         o = str(o).strip()
-        m = re.match(r"^\(?([A-J])[.):]\s*(.*)$", o, flags=re.S)
-        opts.append(f"{m.group(1)}. {m.group(2).strip()}" if m else f"{LETTERS[i]}. {o}")
+        marked = split_marker(o)
+        opts.append(f"{marked[0]}. {marked[1]}" if marked else f"{LETTERS[i]}. {o}")
     return question.strip() + "\n" + "\n".join(opts), opts
 
 

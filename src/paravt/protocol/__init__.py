@@ -12,6 +12,7 @@ episode can answer it with an error inside its own `<tool_response>` (docs/rl.md
     tools.py    the crop_video schema, ToolCall, checked arguments, call and response texts
     parse.py    parse(text) -> Turn, extract_answer, strict_calls (the release's all-or-nothing read)
     prompts.py  system, user, sub-agent and answer-now prompts; the paravt and official profiles
+    options.py  the option grammar of multiple-choice questions (lines or inline), for detector and scorer
 
 Use it as `from paravt import protocol as P`; every name is here.
 """
