@@ -280,11 +280,37 @@ _OVERRIDE = typer.Option([], "--override", "--set", "-o",
                          help="Override a config key, dotted for sections: -o steps=10 -o episode.max_turns=2")
 
 
-def _train(kind: str, config: str | None, overrides: list[str]) -> None:
+_SHOW_CONFIG = typer.Option(False, "--show-config",
+                            help="Print every config key (dotted for sections) with its value, its default and one "
+                                 "line on what it sets, then exit; with --config / -o, the values they give.")
+
+
+def _show_config(kind: str, config: str | None, overrides: list[str]) -> None:
+    from paravt.train.config import ConfigError
+    from paravt.train.config_keys import show_config
+
+    if kind == "sft":
+        from paravt.train.sft import SFTConfig as cls
+    else:
+        from paravt.train.grpo import GRPOConfig as cls
+    try:
+        loaded = cls.load(config, overrides) if config or overrides else None
+    except (ConfigError, ValueError, OSError) as e:
+        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+    title = f"paravt train {kind}: the keys of a --config YAML file and of -o KEY=VALUE (key, value, what it sets)"
+    typer.echo(show_config(cls, loaded, title), nl=False)
+
+
+def _train(kind: str, config: str | None, overrides: list[str], show: bool = False) -> None:
     from paravt.procs import Stop, stop_on_signals
     from paravt.train import run_training
+    from paravt.train.config import ConfigError
 
     import os
+
+    if show:
+        return _show_config(kind, config, overrides)
 
     single = int(os.environ.get("WORLD_SIZE", "1")) <= 1  # torchrun manages its own processes' signals
     try:
@@ -300,6 +326,8 @@ def _train(kind: str, config: str | None, overrides: list[str]) -> None:
             raise
         known = isinstance(e, (ValueError, OSError, RuntimeError))
         typer.secho(f"error: {e}" if known else f"error: {type(e).__name__}: {e}", fg=typer.colors.RED, err=True)
+        if isinstance(e, ConfigError):
+            typer.echo(f"(`paravt train {kind} --show-config` lists every key with its default)", err=True)
         raise typer.Exit(2) from None
     if os.environ.get("RANK", "0") == "0":  # under torchrun: once, not once per process
         typer.echo(json.dumps(last))
@@ -307,14 +335,18 @@ def _train(kind: str, config: str | None, overrides: list[str]) -> None:
 
 @train_app.command("sft")
 def train_sft_cmd(config: str = typer.Option(None, help="YAML config, e.g. src/paravt/configs/sft_tiny.yaml"),
-                  override: list[str] = _OVERRIDE) -> None:
-    """Cold-start SFT on trajectory rows (SynthVT oracle rows or ParaVT SFT rows). Resumes from OUT/checkpoint."""
-    _train("sft", config, override)
+                  override: list[str] = _OVERRIDE, show_config: bool = _SHOW_CONFIG) -> None:
+    """Cold-start SFT on trajectory rows (SynthVT oracle rows or ParaVT SFT rows). Resumes from OUT/checkpoint.
+
+    Every config key, its default and what it sets: `paravt train sft --show-config`."""
+    _train("sft", config, override, show_config)
 
 
 @train_app.command("grpo")
 def train_grpo_cmd(config: str = typer.Option(None, help="YAML config, e.g. src/paravt/configs/grpo_tiny.yaml"),
-                   override: list[str] = _OVERRIDE) -> None:
+                   override: list[str] = _OVERRIDE, show_config: bool = _SHOW_CONFIG) -> None:
     """PARA-GRPO (nFrames gating, Exploration Anchoring; vanilla GRPO with gating=false anchoring=off).
-    Resumes from OUT/checkpoint."""
-    _train("grpo", config, override)
+    Resumes from OUT/checkpoint.
+
+    Every config key, its default and what it sets: `paravt train grpo --show-config`."""
+    _train("grpo", config, override, show_config)
