@@ -150,6 +150,10 @@ class RolloutServers:
         """Use the given servers, or launch `cfg.launch` servers on `cfg.devices` serving `model`."""
         if cfg.launch == "none":
             return cls(cfg, list(cfg.servers))
+        if cfg.launch == "vllm":
+            from paravt.extras import require_vllm
+
+            require_vllm(cfg.vllm_python or sys.executable)  # the one command to run, not a server's exit code
         procs, urls, launched = [], [], {}
         # the servers started here answer only to this trainer: a random key unless one is given (their
         # RL API swaps weights and pauses generation; a web page must not reach it)
