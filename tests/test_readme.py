@@ -32,6 +32,13 @@ def offline_blocks() -> list[str]:
     return OFFLINE.findall(README.read_text())
 
 
+def test_the_readme_writes_its_reports_under_runs():
+    """Its report command left report.html and report_files/ untracked in the checkout's root; runs/ is
+    ignored by git."""
+    pages = re.findall(r"--html (\S+)", README.read_text())
+    assert pages and all(p.startswith("runs/") for p in pages), pages
+
+
 def test_the_readme_marks_its_offline_blocks():
     blocks = offline_blocks()
     assert len(blocks) >= 2 and any("paravt eval" in b for b in blocks) and any("curl" in b for b in blocks)
