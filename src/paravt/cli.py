@@ -325,12 +325,39 @@ def _train(kind: str, config: str | None, overrides: list[str], show: bool = Fal
         if os.environ.get("PARAVT_TRACEBACK"):
             raise
         known = isinstance(e, (ValueError, OSError, RuntimeError))
-        typer.secho(f"error: {e}" if known else f"error: {type(e).__name__}: {e}", fg=typer.colors.RED, err=True)
-        if isinstance(e, ConfigError):
-            typer.echo(f"(`paravt train {kind} --show-config` lists every key with its default)", err=True)
+        line = f"error: {e}" if known else f"error: {type(e).__name__}: {e}"
+        _tell_torchrun(line)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun: rank 0's line; each rank's is in torchrun's table
+            typer.secho(line, fg=typer.colors.RED, err=True)
+            if isinstance(e, ConfigError):
+                typer.echo(f"(`paravt train {kind} --show-config` lists every key with its default)", err=True)
+        elif not single:  # let rank 0 fail first (torchrun stops the others then): its line is the one printed
+            import time
+
+            time.sleep(TORCHRUN_GRACE_S)
         raise typer.Exit(2) from None
     if os.environ.get("RANK", "0") == "0":  # under torchrun: once, not once per process
         typer.echo(json.dumps(last))
+
+
+TORCHRUN_GRACE_S = 3.0  # a failed rank other than 0 waits this long before it exits (see _train)
+
+
+def _tell_torchrun(line: str) -> None:
+    """Under torchrun, this process's one-line failure in the error file torchrun reads
+    (TORCHELASTIC_ERROR_FILE, the format of torch.distributed.elastic's error handler): its failure table
+    then gives each rank's cause in one line, not a pointer to its docs."""
+    import os
+    import time
+
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    try:
+        with open(path, "w") as f:
+            json.dump({"message": {"message": line, "extraInfo": {"timestamp": str(int(time.time()))}}}, f)
+    except OSError:
+        pass  # torchrun then reports the exit code alone
 
 
 @train_app.command("sft")
