@@ -96,21 +96,16 @@ def cell(a, name: str, k: int, step: int | None) -> str:
     return f"{100 * right / len(rows):.1f} [{lo:.0f}, {hi:.0f}] (n={len(rows)})"
 
 
-def paired_gain(a, name: str, k: int, step: int | None, resamples: int = 4000) -> str:
+def paired_gain(a, name: str, k: int, step: int | None) -> str:
     """The run's accuracy minus the start's on the same questions, in points, with a 95 % paired
-    bootstrap interval (seeded): the two score the same questions, so pairing removes most of the
-    question-to-question variance that the separate Wilson intervals carry."""
-    import numpy as np
+    bootstrap interval (`paravt.eval.metrics.paired_gain`): the two score the same questions, so pairing
+    removes most of the question-to-question variance that the separate Wilson intervals carry."""
+    from paravt.eval.metrics import paired_gain as gain, row_score
 
-    start = {r["id"]: float(r.get("score", 0.0)) for r in read_jsonl(eval_dir(a, "sft", k, None) / "results.jsonl")}
-    run = {r["id"]: float(r.get("score", 0.0)) for r in read_jsonl(eval_dir(a, name, k, step) / "results.jsonl")}
-    ids = sorted(set(start) & set(run))
-    if not ids:
-        return "-"
-    d = np.array([run[i] - start[i] for i in ids])
-    boot = np.random.default_rng(0).choice(d, size=(resamples, len(d))).mean(axis=1)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    return f"{100 * d.mean():+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+    start = {r["id"]: row_score(r) for r in read_jsonl(eval_dir(a, "sft", k, None) / "results.jsonl")}
+    run = {r["id"]: row_score(r) for r in read_jsonl(eval_dir(a, name, k, step) / "results.jsonl")}
+    mean, lo, hi, n = gain(start, run)
+    return "-" if n == 0 else f"{100 * mean:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
 
 
 def shown(path) -> str:

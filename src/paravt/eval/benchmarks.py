@@ -560,7 +560,7 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
     Benchmark("mmvu_all", lambda d, f, o: _mmvu(d, f, o, include_oe=True), "MMVU validation, MC + open-ended",
               ("subject", "question_type"), "accuracy"),
     Benchmark("charades", _charades, "Charades-STA test (temporal grounding)", (), "miou"),
-    Benchmark("synthvt", _synthvt, "SynthVT split (paravt synth)", ("task", "question_type"), "score"),
+    Benchmark("synthvt", _synthvt, "SynthVT split (paravt synth)", ("task", "question_type", "needs_event"), "score"),
 ]}
 
 
