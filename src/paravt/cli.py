@@ -68,14 +68,16 @@ def demo(
 @app.command()
 def ask(
     video: str = typer.Argument(..., help="Video file, or an http(s) URL (read with range requests)."),
-    question: str = typer.Argument(..., help="The question (MCQ options in it as 'A. …' lines or inline: '… A. red B. blue')."),
+    question: str = typer.Argument(..., help="The question (MCQ options in it as 'A. …' lines, or inline: "
+                                   "'… A. red B. blue')."),
     model: str = typer.Option(None, help="Checkpoint dir, hub id (cached), or http(s) URL of an OpenAI-compatible server."),
     mode: str = typer.Option("parallel", help="parallel | sequential | inline | none"),
     frames: int = typer.Option(64, help="Overview frames K."),
     max_turns: int = typer.Option(3, help="Main-agent generations at most; the last one is told to answer now."),
     max_parallel: int = typer.Option(5, help="Crop calls executed per turn (the rest are answered 'skipped')."),
-    question_type: str = typer.Option("auto", help="auto (mcq when the question lists options, "
-                                      "'A. …' or '(A) …', on lines or inline; else oe) | mcq | tvg (answer 'start - end' seconds) | oe (open-ended)."),
+    question_type: str = typer.Option("auto", help="auto (mcq when the question lists options, 'A. …' or '(A) …', "
+                                      "on lines or inline; else oe) | mcq | tvg (answer 'start - end' seconds) | "
+                                      "oe (open-ended)."),
     temperature: float = typer.Option(0.0, help="Sampling temperature (0: greedy, as the paper's evaluation)."),
     max_new_tokens: int = typer.Option(2048, help="New tokens per main-agent turn."),
     json_out: str = typer.Option(None, "--json", help="Write the full episode trace here (prompt text included)."),
@@ -302,6 +304,9 @@ def _show_config(kind: str, config: str | None, overrides: list[str]) -> None:
     typer.echo(show_config(cls, loaded, title), nl=False)
 
 
+TORCHRUN_GRACE_S = 3.0  # a failed rank other than 0 waits this long before it exits (see _train)
+
+
 def _train(kind: str, config: str | None, overrides: list[str], show: bool = False) -> None:
     from paravt.procs import Stop, stop_on_signals
     from paravt.train import run_training
@@ -338,9 +343,6 @@ def _train(kind: str, config: str | None, overrides: list[str], show: bool = Fal
         raise typer.Exit(2) from None
     if os.environ.get("RANK", "0") == "0":  # under torchrun: once, not once per process
         typer.echo(json.dumps(last))
-
-
-TORCHRUN_GRACE_S = 3.0  # a failed rank other than 0 waits this long before it exits (see _train)
 
 
 def _tell_torchrun(line: str) -> None:
