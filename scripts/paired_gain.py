@@ -15,29 +15,32 @@ from paravt.eval.metrics import paired_gain, row_score
 from paravt.eval.runner import latest_rows, read_results
 
 
-def scores(run: Path, key: str | None) -> dict[str, tuple[float, str]]:
-    """{sample id: (score, its group under `key`)} of a run's latest rows."""
+def scores(run: Path, key: str | None) -> dict[str, tuple[float, str, int]]:
+    """{sample id: (score, its group under `key`, crops run)} of a run's latest rows."""
     rows = latest_rows(read_results(run / "results.jsonl", repair=False))
     if not rows:
         raise SystemExit(f"error: no results.jsonl rows in {run}")
-    return {i: (row_score(r), str((r.get("extras") or {}).get(key)) if key else "all") for i, r in rows.items()}
+    return {i: (row_score(r), str((r.get("extras") or {}).get(key)) if key else "all", int(r.get("n_executed") or 0))
+            for i, r in rows.items()}
 
 
 def table(base: Path, new: Path, key: str | None, resamples: int = 4000) -> list[str]:
     a, b = scores(base, key), scores(new, key)
-    groups = ["all"] + (sorted({g for _, g in a.values()}) if key else [])
-    lines = [f"| questions | n | {base.name} | {new.name} | gain, points [95 % paired bootstrap] |",
-             "|---|---|---|---|---|"]
+    groups = ["all"] + (sorted({v[1] for v in a.values()}) if key else [])
+    lines = [f"| questions | n | {base.name} | {new.name} | gain, points [95 % paired bootstrap] | crops run a question |",
+             "|---|---|---|---|---|---|"]
     for g in groups:
-        sa = {i: s for i, (s, gi) in a.items() if g == "all" or gi == g}
-        sb = {i: s for i, (s, gi) in b.items() if g == "all" or gi == g}
-        mean, lo, hi, n = paired_gain(sa, sb, resamples)
+        sa = {i: v for i, v in a.items() if g == "all" or v[1] == g}
+        sb = {i: v for i, v in b.items() if g == "all" or v[1] == g}
+        mean, lo, hi, n = paired_gain({i: v[0] for i, v in sa.items()}, {i: v[0] for i, v in sb.items()}, resamples)
         if n == 0:
             continue
         both = set(sa) & set(sb)
-        acc_a, acc_b = (100 * sum(x[i] for i in both) / n for x in (sa, sb))
+        acc_a, acc_b = (100 * sum(x[i][0] for i in both) / n for x in (sa, sb))
+        crops_a, crops_b = (sum(x[i][2] for i in both) / n for x in (sa, sb))
         label = "all" if g == "all" else f"{key} = {g}"
-        lines.append(f"| {label} | {n} | {acc_a:.1f} | {acc_b:.1f} | {100 * mean:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] |")
+        lines.append(f"| {label} | {n} | {acc_a:.1f} | {acc_b:.1f} | {100 * mean:+.1f} [{100 * lo:+.1f}, "
+                     f"{100 * hi:+.1f}] | {crops_a:.2f} / {crops_b:.2f} |")
     return lines
 
 
