@@ -6,6 +6,10 @@ entropy, KL per step).
 
     python scripts/rl_proof.py --steps 300 --limit 200                 # everything, resumable
     python scripts/rl_proof.py --stage report                          # the page from what exists so far
+    python scripts/rl_proof.py --stage commands                        # print the commands, run nothing
+
+The PARA-GRPO run is the shipped `tiny-paravt`'s (its model card gives the same command, and
+tests/test_rl_proof_script.py checks they agree): grpo_tiny.yaml with `-o seed=2`, 300 steps.
 
 Every stage is a `paravt train grpo` / `paravt eval run` command (printed before it runs), so any
 cell can be rerun by hand; both resume, so rerunning continues where it stopped. A run still under
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,6 +30,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from paradox_synthvt import VARIANTS, read_jsonl, run, smooth  # noqa: E402  (the same run/ablation definitions)
 
 RUNS = {"vanilla": "vanilla GRPO", "para_token": "PARA-GRPO"}
+
+
+def run_overrides(a, name: str) -> list[str]:
+    """A run's overrides of the config: its variant's (with its own seed: PARA-GRPO's is 2), then --set,
+    whose seed, when given, replaces the variant's (a key given twice is an error at load)."""
+    seed_set = any(o.startswith("seed=") for o in a.set)
+    return [o for o in VARIANTS[name] if not (seed_set and o.startswith("seed="))] + a.set
 
 
 def wilson(correct: float, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -48,7 +60,7 @@ def train_jobs(a) -> list:
         out = a.out / "rl" / name
         cmd = [*a.paravt, "train", "grpo", "--config", a.config, "-o", f"model={a.start}",
                "-o", f"data={a.train}/rl.parquet", "-o", f"out={out}", "-o", f"steps={a.steps}", "-o", "threads=1"]
-        for o in VARIANTS[name] + a.set:
+        for o in run_overrides(a, name):
             cmd += ["-o", o]
         jobs.append((cmd, out / "train.log"))
     return jobs
@@ -84,21 +96,16 @@ def cell(a, name: str, k: int, step: int | None) -> str:
     return f"{100 * right / len(rows):.1f} [{lo:.0f}, {hi:.0f}] (n={len(rows)})"
 
 
-def paired_gain(a, name: str, k: int, step: int | None, resamples: int = 4000) -> str:
+def paired_gain(a, name: str, k: int, step: int | None) -> str:
     """The run's accuracy minus the start's on the same questions, in points, with a 95 % paired
-    bootstrap interval (seeded): the two score the same questions, so pairing removes most of the
-    question-to-question variance that the separate Wilson intervals carry."""
-    import numpy as np
+    bootstrap interval (`paravt.eval.metrics.paired_gain`): the two score the same questions, so pairing
+    removes most of the question-to-question variance that the separate Wilson intervals carry."""
+    from paravt.eval.metrics import paired_gain as gain, row_score
 
-    start = {r["id"]: float(r.get("score", 0.0)) for r in read_jsonl(eval_dir(a, "sft", k, None) / "results.jsonl")}
-    run = {r["id"]: float(r.get("score", 0.0)) for r in read_jsonl(eval_dir(a, name, k, step) / "results.jsonl")}
-    ids = sorted(set(start) & set(run))
-    if not ids:
-        return "-"
-    d = np.array([run[i] - start[i] for i in ids])
-    boot = np.random.default_rng(0).choice(d, size=(resamples, len(d))).mean(axis=1)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    return f"{100 * d.mean():+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+    start = {r["id"]: row_score(r) for r in read_jsonl(eval_dir(a, "sft", k, None) / "results.jsonl")}
+    run = {r["id"]: row_score(r) for r in read_jsonl(eval_dir(a, name, k, step) / "results.jsonl")}
+    mean, lo, hi, n = gain(start, run)
+    return "-" if n == 0 else f"{100 * mean:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
 
 
 def shown(path) -> str:
@@ -150,8 +157,10 @@ def report(a) -> None:
     gain_table = ["| run | " + " | ".join(f"gain K={k}" for k in a.ks) + " |", "|" + "---|" * (1 + len(a.ks)), *gains]
     page = (a.docs / "rl.md").read_text() if (a.docs / "rl.md").exists() else ""
     begin, end = "<!-- rl_proof:begin -->", "<!-- rl_proof:end -->"
+    overrides = "; ".join(f"{label} `{' '.join('-o ' + o for o in run_overrides(a, name))}`"
+                          for name, label in RUNS.items())
     block = [begin, "", f"Written by `scripts/rl_proof.py` from its runs under `{shown(a.out)}`; start "
-             f"`{shown(a.start)}`, config `{a.config}`, overrides {' '.join(a.set) or 'none'}; test: the first "
+             f"`{shown(a.start)}`, config `{a.config}`, {a.steps} steps, overrides: {overrides}; test: the first "
              f"{a.limit} questions of `{shown(a.test)}`, parallel dispatch, greedy. Accuracy in % with its 95 % "
              "Wilson interval. Entropy first/last and KL last: means over the first and the last tenth of the "
              "logged steps.", "", *table, "",
@@ -182,12 +191,18 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=320)
     p.add_argument("--jobs", type=int, default=2, help="commands at once (one torch thread each)")
     p.add_argument("--smooth", type=int, default=10)
-    p.add_argument("--stage", choices=["all", "train", "eval", "report"], default="all")
+    p.add_argument("--stage", choices=["all", "train", "eval", "report", "commands"], default="all",
+                   help="commands: print every train and eval command (the eval ones for the checkpoints that exist)")
     p.add_argument("--title", default=None)
     a = p.parse_args()
     a.title = a.title or ("SynthVT-hard" if "hard" in str(a.test) else "SynthVT-mini")
     script = Path(sys.executable).parent / "paravt"
     a.paravt = [str(script)] if script.exists() else [sys.executable, "-m", "paravt"]
+    if a.stage == "commands":
+        for cmd, _ in train_jobs(a) + eval_jobs(a):  # as a reader types them: `paravt`, no machine paths
+            args = [c.replace(str(a.start), shown(a.start)) for c in cmd[len(a.paravt):]]
+            print(shlex.join(["paravt", *args]))
+        return
     failed = 0
     with ThreadPoolExecutor(a.jobs) as pool:
         if a.stage in ("all", "train"):

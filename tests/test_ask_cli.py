@@ -219,6 +219,8 @@ def test_timeline_of_an_episode_with_failures_and_inline_frames(video, tmp_path)
     ("Which shape was red?\nA. square\nB. circle", "mcq"),
     ("Which shape was red?\n(A) square\n(B) circle", "mcq"),
     ("Which shape was red?\nA) square\nB) circle", "mcq"),
+    ("Which shape appeared in red? A. circle B. square C. star D. cross", "mcq"),  # the README's, inline
+    ("Was it Plan B. Then what?", "oe"),
 ])
 def test_the_question_type_follows_the_question_unless_given(video, scripted, tmp_path, question, expected):
     """An open question used to get the letter prompt (mcq was the default) and a different answer."""

@@ -85,7 +85,28 @@ def test_eval_run_resume_and_report(tiny_dir, tmp_path):
 
 def test_eval_requires_arguments():
     r = runner.invoke(app, ["eval", "--bench", "synthvt"])
-    assert r.exit_code == 2 and "required" in r.output
+    assert r.exit_code == 2 and "--data and --out are required" in r.output
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--bench", "synthvt", "--out", "runs/x"], "--data is required"),
+    (["--data", "d", "--out", "runs/x"], "--bench is required"),
+    (["--data", "d"], "--bench and --out are required"),
+    ([], "--bench, --data and --out are required"),
+])
+def test_eval_names_the_missing_option(args, said):
+    """It said "--bench, --data and --out are required" whichever one was missing."""
+    r = runner.invoke(app, ["eval", "run", *args])
+    assert r.exit_code == 2 and said in r.output, r.output
+
+
+def test_eval_help_says_the_default_model_and_each_episode_option():
+    r = runner.invoke(app, ["eval", "run", "--help"], env={"COLUMNS": "400"})
+    text = " ".join(r.output.split())
+    assert "the shipped tiny model" in text
+    for option, words in (("--max-turns", "Main-agent generations"), ("--max-parallel", "Crop calls executed"),
+                          ("--max-new-tokens", "New tokens per main-agent turn"), ("--api-key", "Bearer key")):
+        assert words in text.split(option, 1)[1][:200], option
 
 
 # --frames and the other episode sizes are checked before anything is loaded

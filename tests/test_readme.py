@@ -32,6 +32,43 @@ def offline_blocks() -> list[str]:
     return OFFLINE.findall(README.read_text())
 
 
+def test_the_readme_writes_its_reports_under_runs():
+    """Its report command left report.html and report_files/ untracked in the checkout's root; runs/ is
+    ignored by git."""
+    pages = re.findall(r"--html (\S+)", README.read_text())
+    assert pages and all(p.startswith("runs/") for p in pages), pages
+
+
+def test_the_readmes_top_answers_a_newcomers_five_questions():
+    """What it does, what the Tool Prior Paradox is, what reproduced, how fast on a GPU, how to rerun a row:
+    each within the first 30 lines (the paradox was named nowhere in the README; a row's rerun was ~200
+    lines into another page)."""
+    top = "\n".join(README.read_text().splitlines()[:30])
+    for asked in ("paravt answers questions about long videos", "**The Tool Prior Paradox**", "**Reproduced here**",
+                  "**On a GPU**", "**Rerun a row**"):
+        assert asked in top, asked
+    assert "docs/paradox.md#rerun-one-row" in top and "docs/rl.md#where-the-gain-is" in top
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lowercase, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_the_readmes_links_reach_their_pages_and_headings():
+    """A headline figure is checked against its page in one click: every link's file and #heading exist."""
+    root = README.parent
+    for target in re.findall(r"\]\(([^)\s]+)\)", README.read_text()):
+        if target.startswith(("http://", "https://")):
+            continue
+        path, _, anchor = target.partition("#")
+        page = root / path if path else README
+        assert page.exists(), target
+        if anchor:
+            headings = [_slug(h) for h in re.findall(r"^#+ (.*)$", page.read_text(), re.M)]
+            assert anchor in headings, (target, headings)
+
+
 def test_the_readme_marks_its_offline_blocks():
     blocks = offline_blocks()
     assert len(blocks) >= 2 and any("paravt eval" in b for b in blocks) and any("curl" in b for b in blocks)

@@ -154,6 +154,14 @@ def test_report_of_a_real_run(browser, run_dir, tmp_path):
     assert sorted(visible_ids(page)) == sorted(r["id"] for r in rows)
     card = page.inner_text(".rp-run")
     assert "95 % interval" in card and "Wilson, n = 8" in card and "synthvt" in card
+    # crops asked and run, labelled alike on the card and in the rows (the card once gave the calls asked as
+    # "crops 2.25 a sample" while each row gave the calls run)
+    asked, ran = (sum(r[k] for r in rows) / N for k in ("n_calls", "n_executed"))
+    assert f"asked {asked:.2f} · run {ran:.2f} a sample" in card, card
+    assert page.inner_text("th[data-sort=crops]").startswith("crops run / asked")
+    cells = page.eval_on_selector_all("#rp-samples tbody tr.rp-row",
+                                      "rs => rs.map(r => [r.dataset.id, r.querySelector('td.rp-col-crops').textContent])")
+    assert dict(cells) == {r["id"]: f"{r['n_executed']} / {r['n_calls']}" for r in rows}
 
     # "wrong only" shows exactly the rows results.jsonl scores below full marks (open-ended F1 < 1)
     wrong = sorted(r["id"] for r in rows if r["error"] or r["score"] < 1)

@@ -113,9 +113,10 @@ def live_printer(console: Console, status=None) -> Callable[[str, dict], None]:
 
 
 def question_type_of(question: str, question_type: str = "auto") -> str:
-    """`auto` reads the question: options listed one per line ("A. …", "(A) …", "A) …") make it
-    multiple choice, anything else open-ended (a grounding question must say `tvg`). An open
-    question answered under the letter prompt gets a different, usually wrong, answer."""
+    """`auto` reads the question: options ("A. …", "(A) …", "A) …"), one a line or inline, make it
+    multiple choice, anything else open-ended (a grounding question must say `tvg`); the grammar is
+    the mcq scorer's (`protocol.options`). An open question answered under the letter prompt gets a
+    different, usually wrong, answer."""
     from paravt import protocol as P
     from paravt.rewards import options_from_question
 
@@ -143,7 +144,7 @@ def ask(video: str, question: str, *, model: str | None, config: EpisodeConfig, 
     if asked == "auto":
         console.print(f"[dim]question type: {question_type} ("
                       + ("options found in the question" if question_type == "mcq" else
-                         "no 'A. …' option lines found; --question-type mcq or tvg to override") + ")[/dim]")
+                         "no 'A. …' / '(A) …' options found; --question-type mcq or tvg to override") + ")[/dim]")
     reader = VideoReader(video, timeout_s=config.model_timeout_s)  # a URL's reads: the model calls' deadline
     try:
         backend = backend or make_backend(model, api_key=api_key, console=Console(stderr=True),

@@ -68,14 +68,16 @@ def demo(
 @app.command()
 def ask(
     video: str = typer.Argument(..., help="Video file, or an http(s) URL (read with range requests)."),
-    question: str = typer.Argument(..., help="The question (put MCQ options in it as 'A. …' lines)."),
+    question: str = typer.Argument(..., help="The question (MCQ options in it as 'A. …' lines, or inline: "
+                                   "'… A. red B. blue')."),
     model: str = typer.Option(None, help="Checkpoint dir, hub id (cached), or http(s) URL of an OpenAI-compatible server."),
     mode: str = typer.Option("parallel", help="parallel | sequential | inline | none"),
     frames: int = typer.Option(64, help="Overview frames K."),
     max_turns: int = typer.Option(3, help="Main-agent generations at most; the last one is told to answer now."),
     max_parallel: int = typer.Option(5, help="Crop calls executed per turn (the rest are answered 'skipped')."),
-    question_type: str = typer.Option("auto", help="auto (mcq when the question lists 'A. …' option lines, else "
-                                      "oe) | mcq | tvg (answer 'start - end' seconds) | oe (open-ended)."),
+    question_type: str = typer.Option("auto", help="auto (mcq when the question lists options, 'A. …' or '(A) …', "
+                                      "on lines or inline; else oe) | mcq | tvg (answer 'start - end' seconds) | "
+                                      "oe (open-ended)."),
     temperature: float = typer.Option(0.0, help="Sampling temperature (0: greedy, as the paper's evaluation)."),
     max_new_tokens: int = typer.Option(2048, help="New tokens per main-agent turn."),
     json_out: str = typer.Option(None, "--json", help="Write the full episode trace here (prompt text included)."),
@@ -285,11 +287,40 @@ _OVERRIDE = typer.Option([], "--override", "--set", "-o",
                          help="Override a config key, dotted for sections: -o steps=10 -o episode.max_turns=2")
 
 
-def _train(kind: str, config: str | None, overrides: list[str]) -> None:
+_SHOW_CONFIG = typer.Option(False, "--show-config",
+                            help="Print every config key (dotted for sections) with its value, its default and one "
+                                 "line on what it sets, then exit; with --config / -o, the values they give.")
+
+
+def _show_config(kind: str, config: str | None, overrides: list[str]) -> None:
+    from paravt.train.config import ConfigError
+    from paravt.train.config_keys import show_config
+
+    if kind == "sft":
+        from paravt.train.sft import SFTConfig as cls
+    else:
+        from paravt.train.grpo import GRPOConfig as cls
+    try:
+        loaded = cls.load(config, overrides) if config or overrides else None
+    except (ConfigError, ValueError, OSError) as e:
+        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+    title = f"paravt train {kind}: the keys of a --config YAML file and of -o KEY=VALUE (key, value, what it sets)"
+    typer.echo(show_config(cls, loaded, title), nl=False)
+
+
+TORCHRUN_GRACE_S = 3.0  # a failed rank other than 0 waits this long before it exits (see _train)
+
+
+def _train(kind: str, config: str | None, overrides: list[str], show: bool = False) -> None:
     from paravt.procs import Stop, stop_on_signals
     from paravt.train import run_training
+    from paravt.train.config import ConfigError
 
     import os
+
+    if show:
+        return _show_config(kind, config, overrides)
 
     single = int(os.environ.get("WORLD_SIZE", "1")) <= 1  # torchrun manages its own processes' signals
     try:
@@ -305,22 +336,52 @@ def _train(kind: str, config: str | None, overrides: list[str]) -> None:
         if os.environ.get("PARAVT_TRACEBACK"):
             raise
         known = isinstance(e, (ValueError, OSError, RuntimeError))
-        typer.secho(f"error: {e}" if known else f"error: {type(e).__name__}: {e}", fg=typer.colors.RED, err=True)
+        line = f"error: {e}" if known else f"error: {type(e).__name__}: {e}"
+        _tell_torchrun(line)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun: rank 0's line; each rank's is in torchrun's table
+            typer.secho(line, fg=typer.colors.RED, err=True)
+            if isinstance(e, ConfigError):
+                typer.echo(f"(`paravt train {kind} --show-config` lists every key with its default)", err=True)
+        elif not single:  # let rank 0 fail first (torchrun stops the others then): its line is the one printed
+            import time
+
+            time.sleep(TORCHRUN_GRACE_S)
         raise typer.Exit(2) from None
     if os.environ.get("RANK", "0") == "0":  # under torchrun: once, not once per process
         typer.echo(json.dumps(last))
 
 
+def _tell_torchrun(line: str) -> None:
+    """Under torchrun, this process's one-line failure in the error file torchrun reads
+    (TORCHELASTIC_ERROR_FILE, the format of torch.distributed.elastic's error handler): its failure table
+    then gives each rank's cause in one line, not a pointer to its docs."""
+    import os
+    import time
+
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    try:
+        with open(path, "w") as f:
+            json.dump({"message": {"message": line, "extraInfo": {"timestamp": str(int(time.time()))}}}, f)
+    except OSError:
+        pass  # torchrun then reports the exit code alone
+
+
 @train_app.command("sft")
 def train_sft_cmd(config: str = typer.Option(None, help="YAML config, e.g. src/paravt/configs/sft_tiny.yaml"),
-                  override: list[str] = _OVERRIDE) -> None:
-    """Cold-start SFT on trajectory rows (SynthVT oracle rows or ParaVT SFT rows). Resumes from OUT/checkpoint."""
-    _train("sft", config, override)
+                  override: list[str] = _OVERRIDE, show_config: bool = _SHOW_CONFIG) -> None:
+    """Cold-start SFT on trajectory rows (SynthVT oracle rows or ParaVT SFT rows). Resumes from OUT/checkpoint.
+
+    Every config key, its default and what it sets: `paravt train sft --show-config`."""
+    _train("sft", config, override, show_config)
 
 
 @train_app.command("grpo")
 def train_grpo_cmd(config: str = typer.Option(None, help="YAML config, e.g. src/paravt/configs/grpo_tiny.yaml"),
-                   override: list[str] = _OVERRIDE) -> None:
+                   override: list[str] = _OVERRIDE, show_config: bool = _SHOW_CONFIG) -> None:
     """PARA-GRPO (nFrames gating, Exploration Anchoring; vanilla GRPO with gating=false anchoring=off).
-    Resumes from OUT/checkpoint."""
-    _train("grpo", config, override)
+    Resumes from OUT/checkpoint.
+
+    Every config key, its default and what it sets: `paravt train grpo --show-config`."""
+    _train("grpo", config, override, show_config)

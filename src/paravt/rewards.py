@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 from paravt import protocol as P
+from paravt.protocol.options import LETTERS, option_body, options_from_question  # noqa: F401  (the option grammar)
 
 # ----------------------------------------------------------------------------------------------
 # configuration
@@ -34,32 +35,32 @@ from paravt import protocol as P
 class RewardConfig:
     """The reward constants of the public recipe (docs/rewards.md) as defaults."""
 
-    w_fmt: float = 1.0
+    w_fmt: float = 1.0  # weight of R_fmt
     w_acc: float = 1.0  # R = w_acc·R_acc + w_fmt·R_fmt + w_tool·R_tool; the recipe weighs accuracy and tool at 1
     w_tool: float = 1.0  # 0: the paper's "PARA-GRPO − R_tool" ablation
     answer_suffix: bool = True  # format weights think/answer body/</answer>: 0.2/0.3/0.2 on, 0.3/0.2/0.1 off
     fmt_think_before_call: float = 0.3  # a closed substantive think before a parseable tool call
     fmt_balanced: float = 0.1  # every tag pair balanced (only added when the score is already > 0)
     min_think_chars: int = 10  # a "substantive" think has at least this many characters of content
-    lambda_anchor: float = 0.5
+    lambda_anchor: float = 0.5  # λ: weight of the anchor terms
     anchor_close_think: float = 0.4  # </think> closes a substantive think
     anchor_full_flow: float = 0.3  # <think>…</think> … <answer>…</answer>
     gamma: float = 0.3  # penalty: a <think> opened and never closed
-    tool_parsed: float = 0.1
-    tool_executed: float = 0.3
+    tool_parsed: float = 0.1  # R_tool of a parseable call
+    tool_executed: float = 0.3  # R_tool of a call that ran
     tool_correct_bonus: float = 0.5  # added to the tool tier when R_acc > 0
     oe_metric: str = "f1"  # f1 | exact | judge
     judge: Callable[[str, str, str], float] | None = None  # (question, prediction, answer) -> [0, 1]
-    degenerate_marker: str = "<|im_start|>"
+    degenerate_marker: str = "<|im_start|>"  # the text whose repeats make an output degenerate
     degenerate_im_start: int = 5  # this many markers ...
     degenerate_window: int = 300  # ... within fewer than this many characters: degenerate, reward 0
     shaping_bias: float = 0.2  # trainer side: r' = clip((R - bias) * scale, ±clip)
-    shaping_scale: float = 10.0
-    shaping_clip: float = 20.0
+    shaping_scale: float = 10.0  # the scale of that shaping
+    shaping_clip: float = 20.0  # its clip
     # score as the public release did (docs/rewards.md): the forced prefix left out of the text that R_fmt,
     # the anchor terms and the degeneracy check read, and the executed tool tier read from
     # `<tool_response>` in the generated text, where it never is. For comparison runs only.
-    release_compat: bool = False
+    release_compat: bool = False  # score as the public release did (docs/rewards.md; comparison runs only)
 
     def __post_init__(self) -> None:
         if not isinstance(self.release_compat, bool):
@@ -102,7 +103,6 @@ def token_f1(prediction: str, answer: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-LETTERS = "ABCDEFGHIJ"
 _L = r"[\(\[]?([A-J])[\)\]]?"
 _BARE_RE = re.compile(r"^[\(\[]?([A-Ja-j])[\)\]]?[.:)]?$")  # "B", "b", "(B)", "[B]", "B.", "B)"
 _ANSWER_KW_RE = re.compile(  # "The answer is B", "Answer: (C)", "the correct choice is option D"
@@ -115,20 +115,6 @@ _VERBS = r"(?:is|was|would|should|seems|looks|matches|fits|best|and|or)\b"
 _LETTER = rf"([B-HJ]|[AI](?!\s+(?!{_VERBS})[a-z]|\s*'))"
 _LEADING_RE = re.compile(rf"^[\(\[]?{_LETTER}[\)\]]?(?:[.:)]|\s)")  # "B. red", "B) red", "B red"
 _LONE_RE = re.compile(rf"(?<![A-Za-z0-9']){_LETTER}(?![A-Za-z0-9'])")
-_OPTION_LINE_RE = re.compile(r"^\s*[\(\[]?([A-J])[\)\]]?[.:)]\s*(.+?)\s*$", re.M)
-
-
-def options_from_question(question: str) -> list[str] | None:
-    """The option texts of a question that lists them one per line ("A. circle", "(B) square")."""
-    found = _OPTION_LINE_RE.findall(question or "")
-    letters = "".join(letter for letter, _ in found)
-    if len(found) >= 2 and letters == LETTERS[: len(found)]:
-        return [body for _, body in found]
-    return None
-
-
-def _option_body(opt: str) -> str:
-    return re.sub(r"^\s*[\(\[]?[A-J][\)\]]?[.:)]\s*", "", opt.strip())
 
 
 def mcq_letter(text: str | None, options: list[str] | None = None) -> str | None:
@@ -158,7 +144,7 @@ def _any_letter(text: str | None, options: list[str] | None) -> str | None:
     if options:
         ns = normalize_text(s.rstrip("."))
         for i, opt in enumerate(options[: len(LETTERS)]):
-            if ns and ns == normalize_text(_option_body(opt)):
+            if ns and ns == normalize_text(option_body(opt)):
                 return LETTERS[i]
     said = _ANSWER_KW_RE.findall(s)
     if said:
@@ -217,7 +203,7 @@ def accuracy_reward(
 ) -> float:
     """R_acc in [0, 1]: normalized exact match -> 1, else by question type.
 
-    mcq: option-letter match (options, when not given, are read from the question's lines, so
+    mcq: option-letter match (options, when not given, are read from the question, so
     an answer written as the option's text also counts); tvg: temporal IoU of the first pair
     (no string match first: normalization would drop the decimal points and make '1.5 - 2'
     equal '15 - 2'); oe: token F1, exact match or the judge, by `cfg.oe_metric`."""

@@ -20,37 +20,37 @@ class EpisodeConfig:
 
     mode: str = "parallel"  # parallel | sequential | inline | none
     frames: int = 64  # overview K
-    max_turns: int = 3
-    max_parallel: int = 5
-    sub_fps: float = 1.0
-    sub_min_frames: int = 1
-    sub_max_frames: int = 16
-    think_prefix: bool = True
-    temperature: float = 0.0
-    top_p: float = 1.0
-    max_new_tokens: int = 2048
-    answer_max_new_tokens_mcq: int = 64
-    answer_max_new_tokens_tvg: int = 128
-    answer_max_new_tokens_oe: int = 128
-    sub_max_new_tokens: int = 512
-    call_timeout_s: float = 120.0
+    max_turns: int = 3  # main-agent generations at most; the last one is told to answer now
+    max_parallel: int = 5  # crop calls executed per turn (the rest are answered 'skipped')
+    sub_fps: float = 1.0  # frames a second a sub-agent sees of its window
+    sub_min_frames: int = 1  # fewest frames of a window (fewer: the call is an error)
+    sub_max_frames: int = 16  # most frames a sub-agent sees (a call's num_frames may ask fewer)
+    think_prefix: bool = True  # force "<think>\n" at the start of every main turn
+    temperature: float = 0.0  # sampling temperature (0: greedy; training samples at its own τ)
+    top_p: float = 1.0  # sampling top-p
+    max_new_tokens: int = 2048  # new tokens per main-agent turn
+    answer_max_new_tokens_mcq: int = 64  # new tokens of a forced mcq answer (final_turn_think false)
+    answer_max_new_tokens_tvg: int = 128  # the same, grounding
+    answer_max_new_tokens_oe: int = 128  # the same, open-ended
+    sub_max_new_tokens: int = 512  # new tokens of a sub-agent's summary
+    call_timeout_s: float = 120.0  # seconds one crop call may take, decode and sub-agent together
     # one main-agent generation may take this long (a dead or stalled server fails the episode
     # with a clear error instead of hanging it)
-    model_timeout_s: float = 600.0
-    subagent_sees_question: bool = True
-    seed: int | None = None
+    model_timeout_s: float = 600.0  # seconds one main-agent generation may take
+    subagent_sees_question: bool = True  # the sub-agents' prompt includes the main question as their task
+    seed: int | None = None  # sampling seed of the episode's generations (null: unseeded)
     prompts: str = "paravt"  # prompt profile: paravt | official (the layout ParaVT-8B was trained with)
     # The last round's forced turn keeps the think prefix and the full max_new_tokens: a real model
     # reasons before it answers, and with a forced `<think>` the evaluation's 64-token MCQ answer
     # budget ends it mid-thought, before any <answer>. False: no think prefix,
     # answer_max_new_tokens_* budget (the public evaluation's direct "answer with the letter" turn).
-    final_turn_think: bool = True
+    final_turn_think: bool = True  # the forced last turn keeps the think prefix and max_new_tokens (false: answer budgets)
     # A turn with a call that cannot be read. "respond": its good calls run and each bad one is
     # answered with an error in its own response (why: docs/rl.md, 'Departures from the release that
     # stay, and why'). "end": read as the public release reads calls (`protocol.strict_calls`, all or
     # nothing): none of the turn's calls run and the episode ends on that turn, so a broken call costs
     # the answer (for comparison runs).
-    on_bad_call: str = "respond"
+    on_bad_call: str = "respond"  # respond (each bad call answered with its error) | end (the release's all-or-nothing read)
     # How a served model is told of the tool and its calls are read (the openai backend; an in-process
     # model sees the same prompt either way): "text", the tags in the messages; "native", OpenAI's
     # tool calling (`tools`, `tool_calls`, `tool` messages), for a server whose own parser reads the

@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from paravt.protocol.options import LETTERS, split_marker
 from paravt.subtitles import Subtitles, load_lvb_subtitles, load_srt
 
-LETTERS = "ABCDEFGHIJ"
 VIDEO_EXTS = (".mp4", ".mkv", ".webm", ".avi", ".mov", ".m4v")
 
 
@@ -79,8 +79,8 @@ def mcq_text(question: str, options: list[str]) -> tuple[str, list[str]]:
     opts = []
     for i, o in enumerate(options):
         o = str(o).strip()
-        m = re.match(r"^\(?([A-J])[.):]\s*(.*)$", o, flags=re.S)
-        opts.append(f"{m.group(1)}. {m.group(2).strip()}" if m else f"{LETTERS[i]}. {o}")
+        marked = split_marker(o)
+        opts.append(f"{marked[0]}. {marked[1]}" if marked else f"{LETTERS[i]}. {o}")
     return question.strip() + "\n" + "\n".join(opts), opts
 
 
@@ -576,7 +576,7 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
     Benchmark("mmvu_all", lambda d, f, o: _mmvu(d, f, o, include_oe=True), "MMVU validation, MC + open-ended",
               ("subject", "question_type"), "accuracy"),
     Benchmark("charades", _charades, "Charades-STA test (temporal grounding)", (), "miou"),
-    Benchmark("synthvt", _synthvt, "SynthVT split (paravt synth)", ("task", "question_type"), "score"),
+    Benchmark("synthvt", _synthvt, "SynthVT split (paravt synth)", ("task", "question_type", "needs_event"), "score"),
 ]}
 
 

@@ -207,17 +207,20 @@ def eval_run(
     data: str = typer.Option(None, help="Directory with the benchmark's annotation files as published (SynthVT: "
                                         "the split directory)."),
     videos: str = typer.Option(None, help="Video directory (default: --data and its usual subfolders)."),
-    model: str = typer.Option(None, help="Checkpoint dir, cached hub id, or URL of an OpenAI-compatible server."),
+    model: str = typer.Option(None, help="Checkpoint dir, cached hub id, or URL of an OpenAI-compatible server "
+                                         "(default: $PARAVT_MODEL, else the shipped tiny model, tiny-paravt)."),
     endpoints: str = typer.Option(None, help="Comma-separated server URLs used at once (data-parallel servers)."),
     mode: str = typer.Option("parallel", help="parallel | sequential | inline | none"),
     out: str = typer.Option(None, help="Run directory: results.jsonl, manifest.json, summary.json/md."),
     limit: int = typer.Option(None, help="Only the first N samples."),
     concurrency: int = typer.Option(4, help="Episodes in flight."),
     frames: int = typer.Option(64, help="Overview frames K."),
-    max_turns: int = typer.Option(3),
-    max_parallel: int = typer.Option(5),
-    max_new_tokens: int = typer.Option(2048),
-    api_key: str = typer.Option(None, envvar="PARAVT_API_KEY"),
+    max_turns: int = typer.Option(3, help="Main-agent generations per episode at most; the last one is told to "
+                                          "answer now."),
+    max_parallel: int = typer.Option(5, help="Crop calls executed per turn (the rest are answered 'skipped')."),
+    max_new_tokens: int = typer.Option(2048, help="New tokens per main-agent turn."),
+    api_key: str = typer.Option(None, envvar="PARAVT_API_KEY", help="Bearer key for the server(s) of --model / "
+                                                                    "--endpoints."),
     served_model: str = typer.Option(None, help="Model name to request from the server (default: its first)."),
     image_format: str = typer.Option("png", help="Frame encoding sent to servers: png | jpeg."),
     oe_metric: str = typer.Option("f1", help="Open-ended scoring: f1 | exact."),
@@ -249,8 +252,11 @@ def eval_run(
     """Run an evaluation (resumable: rerun the same command to continue)."""
     if ctx.invoked_subcommand is not None:
         return
-    if not (bench and data and out):
-        _fail("--bench, --data and --out are required")
+    missing = [name for name, value in (("--bench", bench), ("--data", data), ("--out", out)) if not value]
+    if missing:
+        names = missing[0] if len(missing) == 1 else ", ".join(missing[:-1]) + " and " + missing[-1]
+        _fail(f"{names} {'is' if len(missing) == 1 else 'are'} required "
+              "(`paravt eval run --help`; `paravt eval list` names the benchmarks)")
     eval_command(bench=bench, data=data, videos=videos, model=model, endpoints=endpoints, mode=mode, out=out,
                  limit=limit, concurrency=concurrency, frames=frames, max_turns=max_turns, max_parallel=max_parallel,
                  max_new_tokens=max_new_tokens, api_key=api_key, force=force, retry_errors=retry_errors,

@@ -8,6 +8,7 @@ figure; its latency and tokens are left out of those statistics.
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 
 import numpy as np
@@ -52,6 +53,25 @@ def _groups(value) -> list[str]:
     return [str(value)]
 
 
+def row_score(row: dict) -> float:
+    """A results.jsonl row's score; a failed sample (error row) scores 0."""
+    return 0.0 if row.get("error") else float(row.get("score") or 0.0)
+
+
+def paired_gain(base: dict[str, float], new: dict[str, float], resamples: int = 4000,
+                seed: int = 0) -> tuple[float, float, float, int]:
+    """(mean of new − base, 95 % interval low, high, n) over the sample ids both runs scored: a paired
+    percentile bootstrap (seeded), so the question-to-question variance both runs share drops out of the
+    interval of their difference. NaNs and n = 0 when no id is shared."""
+    ids = sorted(set(base) & set(new))
+    if not ids:
+        return math.nan, math.nan, math.nan, 0
+    d = np.array([new[i] - base[i] for i in ids])
+    boot = np.random.default_rng(seed).choice(d, size=(resamples, len(d))).mean(axis=1)
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return float(d.mean()), float(lo), float(hi), len(d)
+
+
 def error_cause(row: dict) -> str:
     """A row's error with its own video's path taken out, so that one failure on many samples
     (an unreadable video format, a server gone) counts as one cause."""
@@ -68,7 +88,7 @@ def summarize(rows: list[dict], breakdowns: tuple[str, ...] = ("duration", "task
     (LVBench's categories) counts the sample in each of its groups, as the official script does."""
     n = len(rows)
     ok = [r for r in rows if not r.get("error")]
-    score = [0.0 if r.get("error") else float(r.get("score") or 0.0) for r in rows]
+    score = [row_score(r) for r in rows]
     out: dict = {"n": n, "errors": n - len(ok), "error_rate": 100 * (n - len(ok)) / n if n else 0.0}
     causes = Counter(error_cause(r) for r in rows if r.get("error"))
     out["error_causes"] = dict(causes.most_common(TOP_CAUSES))  # a dict: left out of the metric tables

@@ -47,8 +47,13 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
-from lmms_eval.api.model import lmms
-from loguru import logger as eval_logger
+try:
+    from lmms_eval.api.model import lmms
+    from loguru import logger as eval_logger
+except ImportError as e:  # imported by hand where lmms-eval is not: say the command that installs it
+    from paravt.extras import missing_extra
+
+    raise ImportError(missing_extra("paravt's lmms-eval model", "lmms-eval", e)) from None
 
 from paravt.eval.benchmarks import LETTERS, MissingVideo, Sample
 from paravt.eval.runner import (RESULTS, ManifestMismatch, eval_config, latest_rows, read_results, run_eval_async,

@@ -12,6 +12,7 @@ episode can answer it with an error inside its own `<tool_response>` (docs/rl.md
     tools.py    the crop_video schema, ToolCall, checked arguments, call and response texts
     parse.py    parse(text) -> Turn, extract_answer, strict_calls (the release's all-or-nothing read)
     prompts.py  system, user, sub-agent and answer-now prompts; the paravt and official profiles
+    options.py  the option grammar of multiple-choice questions (lines or inline), for detector and scorer
 
 Use it as `from paravt import protocol as P`; every name is here.
 """
@@ -24,6 +25,7 @@ from paravt.protocol.tools import (CROP_VIDEO_TOOL, MAX_CALL_FRAMES, TOOL_NAME, 
                                    crop_args, format_error, format_tool_call, format_tool_response,
                                    format_tool_responses, parse_seconds, timestamp_text, tool_schema)
 from paravt.protocol.parse import Problem, Turn, extract_answer, parse, strict_calls
+from paravt.protocol.options import option_body, options_from_question, split_marker
 from paravt.protocol.prompts import (MODES, OFFICIAL_CROP_VIDEO_TOOL, PROMPT_KINDS, PROMPT_PROFILES, QUESTION_TYPES,
                                      answer_instruction, final_answer_instruction, main_system, native_tools_block,
                                      split_native_tools, subagent_prompt, system_prompt, user_prompt_text, with_tools)
@@ -34,7 +36,8 @@ __all__ = ["ALL_TAGS", "ANSWER_CLOSE", "ANSWER_OPEN", "CROP_VIDEO_TOOL", "CropAr
            "TOOL_CALL_OPEN", "TOOL_CODE_CLOSE", "TOOL_CODE_OPEN", "TOOL_NAME", "TOOL_RESPONSE_CLOSE",
            "TOOL_RESPONSE_OPEN", "ToolCall", "ToolCallError", "Turn", "answer_instruction", "blocks", "crop_args",
            "drop_blocks", "extract_answer", "final_answer_instruction", "format_error", "format_tool_call",
-           "format_tool_response", "format_tool_responses", "main_system", "native_tools_block", "parse",
-           "parse_seconds", "split_native_tools", "strict_calls", "strip_tags", "subagent_prompt", "system_prompt",
-           "tags_balanced", "think_blocks", "think_open_at_end", "think_spans", "timestamp_text", "tool_schema", "user_prompt_text",
+           "format_tool_response", "format_tool_responses", "main_system", "native_tools_block", "option_body",
+           "options_from_question", "parse", "parse_seconds", "split_marker", "split_native_tools", "strict_calls",
+           "strip_tags", "subagent_prompt", "system_prompt", "tags_balanced", "think_blocks", "think_open_at_end",
+           "think_spans", "timestamp_text", "tool_schema", "user_prompt_text",
            "with_tools"]

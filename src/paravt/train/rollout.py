@@ -63,7 +63,7 @@ class RolloutConfig:
     devices: list[str] = field(default_factory=list)  # e.g. ["cpu", "cpu"], or ["0", "1"] (CUDA_VISIBLE_DEVICES)
     vllm_python: str = ""  # the python of a vLLM environment (default: this one)
     server_args: list[str] = field(default_factory=list)  # extra command-line arguments for launched servers
-    api_key: str | None = None
+    api_key: str | None = None  # bearer key for rollout.servers
     concurrency: int = 16  # requests in flight per server
     timeout_s: float = 600.0  # one model call, retries included
     start_timeout_s: float = 900.0  # a launched server must answer within this
@@ -150,6 +150,10 @@ class RolloutServers:
         """Use the given servers, or launch `cfg.launch` servers on `cfg.devices` serving `model`."""
         if cfg.launch == "none":
             return cls(cfg, list(cfg.servers))
+        if cfg.launch == "vllm":
+            from paravt.extras import require_vllm
+
+            require_vllm(cfg.vllm_python or sys.executable)  # the one command to run, not a server's exit code
         procs, urls, launched = [], [], {}
         # the servers started here answer only to this trainer: a random key unless one is given (their
         # RL API swaps weights and pauses generation; a web page must not reach it)

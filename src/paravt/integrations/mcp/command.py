@@ -55,7 +55,9 @@ def mcp_command(
         try:
             from paravt.integrations.mcp.server import run
         except ImportError as e:
-            raise ValueError(f"the MCP server needs the mcp package, 2.x ({e}): pip install 'paravt[mcp]'") from None
+            from paravt.extras import missing_extra
+
+            raise ValueError(missing_extra("the MCP server", "mcp", e)) from None
         run(settings, "http" if http else "stdio", host=host, port=port, allowed_origins=tuple(allow_origin))
     except (ValueError, OSError) as e:
         typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)

@@ -77,7 +77,9 @@
       ["benchmark", r.bench], ["model", basename(r.model) || r.model, r.model], ["mode", r.mode], ["K", r.k],
       ["n", r.n + (r.pending ? " (" + r.pending + " pending)" : "")],
       ["errors", pct(r.error_rate) + " (" + r.errors + ")"], ["parse problems", pct(r.parse_problem_rate)],
-      ["crops", fixed(r.mean_tool_calls, 2) + " a sample · tools used in " + pct(r.tool_usage_rate)],
+      // asked: the calls the model wrote; run: those executed (at most max_parallel a turn, a readable window)
+      ["crops", "asked " + fixed(r.mean_tool_calls, 2) + " · run " + fixed(r.mean_executed_calls, 2) +
+        " a sample · tools used in " + pct(r.tool_usage_rate)],
       ["time", secs(r.time_s) + " of samples · p50 " + secs(r.latency_p50_s) + " · p90 " + secs(r.latency_p90_s)],
     ];
     if (r.created) items.push(["run", r.created]);
@@ -105,7 +107,8 @@
       ["n", null, function (r) { return String(r.n); }],
       ["errors %", function (r) { return r.error_rate; }, function (r) { return fixed(r.error_rate, 1); }, -1],
       ["parse problems %", function (r) { return r.parse_problem_rate; }, function (r) { return fixed(r.parse_problem_rate, 1); }, -1],
-      ["crops a sample", null, function (r) { return fixed(r.mean_tool_calls, 2); }],
+      ["crops asked a sample", null, function (r) { return fixed(r.mean_tool_calls, 2); }],
+      ["crops run a sample", null, function (r) { return fixed(r.mean_executed_calls, 2); }],
       ["tool use %", null, function (r) { return fixed(r.tool_usage_rate, 1); }],
       ["turns a sample", null, function (r) { return fixed(r.mean_turns, 2); }],
       ["p50 time", function (r) { return r.latency_p50_s; }, function (r) { return secs(r.latency_p50_s); }, -1],
@@ -166,7 +169,7 @@
     {key: "prediction", label: "prediction", cell: function (s) { return s.prediction === null || s.prediction === undefined ? "—" : short(s.prediction, 40); }, title: function (s) { return s.prediction; }},
     {key: "correct", label: "correct", num: true, cell: function (s) { return s.correct ? "✓" : "✗"; }},
     {key: "score", label: "score", num: true, cell: function (s) { return fixed(s.score, 2); }},
-    {key: "crops", label: "crops", num: true, cell: function (s) { return String(s.crops); }, title: function (s) { return s.crops + " of " + s.calls + " calls run"; }},
+    {key: "crops", label: "crops run / asked", num: true, cell: function (s) { return s.crops + " / " + s.calls; }, title: function (s) { return s.crops + " of the " + s.calls + " calls asked were run"; }},
     {key: "turns", label: "turns", num: true, cell: function (s) { return String(s.turns); }},
     {key: "time", label: "time", num: true, cell: function (s) { return secs(s.time); }},
     {key: "error", label: "error", cell: function (s) { return short(s.error || "", 60); }, title: function (s) { return s.error; }},

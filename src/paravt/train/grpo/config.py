@@ -30,36 +30,36 @@ class GRPOConfig:
     """One PARA-GRPO run: data, model, the estimator's constants, rollouts, engine, logging."""
 
     model: str = "tiny"  # policy start and frozen reference: checkpoint dir (e.g. the SFT run's), hub id, "tiny"
-    tiny_size: str = "tiny"
+    tiny_size: str = "tiny"  # tiny | small: the fresh model's size when model is "tiny"
     data: str = "data/synth_train/rl.parquet"  # ParaVT-Parquet RL rows
     video_root: str | None = None  # default: the data file's directory
-    out: str = "runs/grpo"
-    steps: int = 100
-    prompts_per_step: int = 7  # P
-    rollouts_per_prompt: int = 8  # n (group size)
+    out: str = "runs/grpo"  # run folder: checkpoint, log.jsonl, TensorBoard, rollouts.jsonl (a rerun resumes from it)
+    steps: int = 100  # optimizer steps: each one P prompts × n rollouts, then the update
+    prompts_per_step: int = 7  # prompts a step (P)
+    rollouts_per_prompt: int = 8  # rollouts a prompt (n, the group size)
     temperature: float = 0.7  # τ (replaces episode.temperature)
-    top_p: float = 1.0
+    top_p: float = 1.0  # rollouts' top-p (1, the recipe's: paravt's logprobs do not fold top-p in)
     episode: EpisodeConfig = field(default_factory=_default_episode)  # episode.frames is replaced by K
     gating: bool = True  # nFrames gating; false -> K = fixed_k
-    k_choices: list[int] = field(default_factory=lambda: list(K_CHOICES))
-    fixed_k: int = 64
+    k_choices: list[int] = field(default_factory=lambda: list(K_CHOICES))  # gating: each prompt's K is drawn from these (reproducibly from seed, prompt, epoch)
+    fixed_k: int = 64  # K of every prompt when gating is off
     anchoring: str = "token"  # token | sequence | off
     reward: RewardConfig = field(default_factory=RewardConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)  # in-process, or on inference servers
     include_subagents: bool = False  # sub-agent generations as extra sequences (release: off; docs/rl.md)
-    adv_eps: float = 1e-5
+    adv_eps: float = 1e-5  # added to the std in the group and batch normalisations
     adv_norm: str = "token"  # token: over the batch's trained tokens (recipe) | episode: over its episodes | group
-    clip_eps: float = 0.2
+    clip_eps: float = 0.2  # PPO clip ε
     behave_weight_cap: float = 5.0  # asynchronous rollouts: tokens with π_prox/π_behave above this get no gradient
     kl_coef: float = 0.01  # 0 -> no reference model
     kl_mode: str = "reward"  # reward: k1 in the per-token reward, clamped (recipe) | loss: k3 in the loss
     kl_clamp: float = 10.0  # |log π_old − log π_ref| per token in the KL reward
-    lr: float = 2e-6
+    lr: float = 2e-6  # learning rate (the recipe's 8B value; grpo_tiny.yaml: 1e-5)
     lr_schedule: str = "constant"  # constant | cosine
-    warmup_steps: int = 0
-    betas: tuple[float, float] = (0.9, 0.999)
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
+    warmup_steps: int = 0  # linear lr warm-up over this many steps
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW's β1, β2
+    weight_decay: float = 0.01  # AdamW's weight decay
+    grad_clip: float = 1.0  # gradient-norm clip
     ppo_epochs: int = 1  # passes over a step's sequences
     minibatches: int = 1  # optimizer steps per pass
     micro_batch_size: int = 4  # sequences per forward pass (packing off: the padded path)
@@ -72,18 +72,18 @@ class GRPOConfig:
     mixed_precision: str = "no"  # no | bf16 (bf16 compute, fp32 weights and gradient reduction: train.engine)
     device: str = "auto"  # auto | cpu | cuda
     engine: str = "auto"  # auto | single | ddp | fsdp (auto: fsdp under torchrun with >1 process)
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool = False  # recompute activations in the backward pass: less memory, more time
     checkpoint_every: int = 1  # activation checkpointing on every n-th layer only (1: all; more: faster, more memory)
     checkpoint_part: str = "layer"  # what a checkpointed text layer recomputes: layer (all of it) | attention (only)
     packed_attention: str = "auto"  # packed passes' attention: auto | sdpa (per sequence) | varlen (torch's kernel)
     liger: list[str] = field(default_factory=list)  # Liger kernels: rms_norm, swiglu, rope, logprob (or [all])
     vision_cache: bool = False  # a frozen vision tower's features computed once a step, for every pass (needs freeze_vision)
     cpu_offload: bool = False  # fsdp only: parameters, gradients and optimizer state in host memory
-    freeze_vision: bool = False
+    freeze_vision: bool = False  # the vision tower gets no gradient
     threads: int = 0  # torch CPU threads for this run (0: torch default; 1 is fastest on a busy shared CPU)
-    seed: int = 0
-    log_every: int = 1
-    save_every: int = 25
+    seed: int = 0  # the run's seed: model init, prompt order, K draws, rollout sampling
+    log_every: int = 1  # steps between log.jsonl / TensorBoard rows
+    save_every: int = 25  # steps between checkpoints (OUT/checkpoint)
     keep_checkpoints: int = 0  # also keep the last N saves as OUT/step_<n> (model only)
     keep_best: str = ""  # a step metric (e.g. reward): OUT/best holds the save where it was highest
     max_nonfinite_steps: int = 3  # steps in a row whose update was skipped (non-finite loss/grad) before stopping
