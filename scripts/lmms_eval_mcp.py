@@ -38,7 +38,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from longvt_loop import server_python  # noqa: E402  (scripts/ is this script's folder on sys.path)
+sys.path.insert(0, str(Path(__file__).parent))  # its neighbour, however it is loaded
+from longvt_loop import server_python  # noqa: E402
 
 TASK_YAML = """task: synthvt_mcp
 dataset_path: json
