@@ -376,7 +376,7 @@ def check_server_faults(data, tmp_path, opts: dict, start_s: float = 300) -> dic
             assert rec["versions"] and v - 2 <= min(rec["versions"]) and max(rec["versions"]) <= v
 
         last = len(rows)
-        text = train_here(last + 1)  # resumes at the last checkpoint: in-flight rollouts were lost, the producer refills
+        text = train_here(last + 1)  # resumes at the last checkpoint: in-flight rollouts lost, the producer refills
         resumed = int(re.search(r"resuming from [\s\S]*? at\s+step\s+(\d+)", text).group(1))  # a kill may beat a save
         assert last - 1 <= resumed <= last
         assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == list(range(1, last + 2))
