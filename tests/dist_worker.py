@@ -1,16 +1,22 @@
-"""GRPO updates on given sequences, run by tests/test_train_distributed.py in its own process or
-under torchrun (FSDP2 over gloo): each update, then a greedy generation with the gathered weights,
-and rank 0 writes what the test compares.
+"""The distributed runs of tests/test_train_distributed.py, several in one torchrun launch (a process
+group and the imports of torch and transformers, paid once), or GRPO updates in its own process:
 
-    python tests/dist_worker.py SEQS.pkl MODEL_DIR ENGINE OUT.pt:LAYOUT [OUT.pt:LAYOUT ...]
+    python tests/dist_worker.py JOBS.json
 
-layout: `one` packs one sequence per pass, `packed` the trainer's default token budget (several
-sequences a pass), `padded` the padded path (packing off, one sequence a pass). Several updates in
-one launch start each from the same weights: a process group and its imports, paid once.
+JOBS.json is a list, run in order, each job one of
+- {"update": SEQS.pkl, "model": MODEL_DIR, "engine": ENGINE, "out": {LAYOUT: OUT.pt, ...}}: GRPO
+  updates on given sequences, each from MODEL_DIR's weights, then a greedy generation with the
+  gathered weights; rank 0 writes what the test compares. layout: `one` packs one sequence per
+  pass, `packed` the trainer's default token budget (several sequences a pass), `padded` the
+  padded path (packing off, one sequence a pass).
+- {"train": "sft" | "grpo", "overrides": ["KEY=VALUE", ...]}: a training run through the CLI's entry
+  point (paravt.train.run_training), as `torchrun -m paravt train KIND -o ...` makes it.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import pickle
 import sys
 
@@ -58,11 +64,24 @@ def update(seqs_path: str, model_dir: str, kind: str, layouts: list[str]) -> dic
 
 
 def main() -> None:
-    seqs_path, model_dir, kind, *jobs = sys.argv[1:]
+    import torch.distributed as dist
+
+    from paravt.train import run_training
+
     torch.set_num_threads(1)
-    paths = dict(reversed(job.rsplit(":", 1)) for job in jobs)  # layout -> OUT.pt
-    for layout, result in update(seqs_path, model_dir, kind, list(paths)).items():
-        torch.save(result, paths[layout])
+    jobs = json.load(open(sys.argv[1]))
+    # one process group for every job (each job's engine joins it and leaves it standing)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        dist.init_process_group("gloo")
+    for job in jobs:
+        if "update" in job:
+            for layout, result in update(job["update"], job["model"], job["engine"], list(job["out"])).items():
+                torch.save(result, job["out"][layout])
+        else:
+            run_training(job["train"], None, job["overrides"])
+    if dist.is_initialized():
+        dist.barrier()  # leave together (see Engine.close)
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

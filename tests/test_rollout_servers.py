@@ -140,27 +140,34 @@ def test_a_dead_server_is_routed_around_then_started_again_and_a_given_one_dropp
         RolloutServers(RolloutConfig(engine="servers", servers=[gone]), [gone]).sync(weights, "3")
 
 
-def test_grpo_with_two_rollout_servers_trains_and_resumes(servers, split, tmp_path):
+def test_grpo_with_two_rollout_servers_trains_and_resumes(servers, split, tmp_path, monkeypatch):
     """`paravt train grpo` on two servers given by URL (the module's pair, holding other weights by
-    now): each step syncs them to the trainer's weights, and a rerun resumes at step 1 and syncs
-    them to the checkpoint first. (A trainer that launches its servers, and starts them again on
-    resume, is the async tests' setting: test_async_grpo.py.)"""
+    now): each step syncs them to the trainer's weights, and a rerun (the command, in a process of its
+    own) resumes at step 1 and syncs them to the checkpoint first. (A trainer that launches its
+    servers, and starts them again on resume, is the async tests' setting: test_async_grpo.py.)"""
     out = tmp_path / "run"
     urls = "[" + ",".join(servers.urls) + "]"
 
-    def train(steps: int) -> list[dict]:
+    def train(steps: int, process: bool) -> list[dict]:
         opts = dict(model=DEFAULT_MODEL, data=split / "rl.parquet", out=out, steps=steps, prompts_per_step=2,
                     rollouts_per_prompt=4, **{"episode.max_new_tokens": 48, "rollout.engine": "servers",
                                               "rollout.servers": urls},
                     device="cpu", threads=1, lr=1e-4, save_every=1)
-        args = [sys.executable, "-m", "paravt", "train", "grpo"] + [x for k, v in opts.items() for x in ("-o", f"{k}={v}")]
-        env = dict(os.environ, OMP_NUM_THREADS="1", PARAVT_API_KEY=servers.api_key)
-        r = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        overrides = [f"{k}={v}" for k, v in opts.items()]
+        if process:
+            args = [sys.executable, "-m", "paravt", "train", "grpo"] + [x for o in overrides for x in ("-o", o)]
+            env = dict(os.environ, OMP_NUM_THREADS="1", PARAVT_API_KEY=servers.api_key)
+            r = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
+            assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        else:  # the CLI's entry point in this process: a fresh one's imports cost the suite ~5 CPU-s
+            from paravt.train import run_training
+
+            monkeypatch.setenv("PARAVT_API_KEY", servers.api_key)
+            run_training("grpo", None, overrides)
         return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
 
-    log = train(1)
-    log = train(2)  # resumes at step 1: the servers are synced to the checkpoint
+    log = train(1, process=False)
+    log = train(2, process=True)  # resumes at step 1: the servers are synced to the checkpoint
     assert [r["step"] for r in log] == [1, 2]
     last = log[-1]
     # step 2 rolled out on the synced weights: the trainer recomputes the servers' logprobs

@@ -40,20 +40,28 @@ def split(mini_split):
     return mini_split
 
 
-def sft(split: Path, out: Path, nproc: int, engine: str, **over) -> list[dict]:
+def sft_overrides(split: Path, out: Path, engine: str, **over) -> list[str]:
     # token_budget 1: one row per (packed) pass on one process as on two, the same arithmetic (packing two
     # rows into one pass changes fp32 sums by ulps, which Adam at lr 1e-3 lifts past TOL in 4 steps)
     opts = {**dict(model="tiny", data=split / "sft.parquet", out=out, steps=4, batch_size=2, micro_batch_size=1,
                    token_budget=1, lr=1e-3, warmup_steps=0, engine=engine, device="cpu", save_every=2, threads=1),
             **over}
-    overrides = [f"{k}={v}" for k, v in opts.items()]
+    return [f"{k}={v}" for k, v in opts.items()]
+
+
+def sft(split: Path, out: Path, nproc: int, engine: str, **over) -> list[dict]:
+    overrides = sft_overrides(split, out, engine, **over)
     if nproc > 1:
         _run(["-m", "paravt", "train", "sft"] + [x for o in overrides for x in ("-o", o)], nproc, out.parent)
     else:  # the same entry point as the CLI's, in this process: a fresh one's imports cost the suite ~6 s a run
         from paravt.train import run_training
 
         run_training("sft", None, overrides)
-    return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    return log_of(out)
+
+
+def log_of(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
 
 
 def weights(run: Path) -> dict[str, torch.Tensor]:
@@ -66,21 +74,22 @@ def assert_same_weights(a: dict, b: dict) -> None:
     assert worst < TOL, worst
 
 
-def test_sft_on_two_processes_equals_one_and_resumes_on_either(split, tmp_path):
+def test_sft_on_two_processes_equals_one_and_resumes_on_either(split, two_process_runs, tmp_path):
     """Four steps on one process against two FSDP processes stopped at step 2 (a sharded checkpoint),
-    then resumed (a copy each) on two and on one: every step's loss and the final weights are one
-    process's straight run. (Two straight through on two processes is the resumed-on-two run minus the
-    resume; launching it as well cost the suite a fifth of this test for no claim of its own.)"""
+    then resumed (a copy each) on two (`torchrun -m paravt train sft`, fresh processes) and on one:
+    every step's loss and the final weights are one process's straight run. (Two straight through on
+    two processes is the resumed-on-two run minus the resume; launching it as well cost the suite a
+    fifth of this test for no claim of its own.)"""
     one = sft(split, tmp_path / "one", 1, "single")
-    stopped = sft(split, tmp_path / "stopped", 2, "fsdp", stop_at=2)
-    assert (tmp_path / "stopped" / "checkpoint" / "dcp" / "__1_0.distcp").is_file()  # sharded: one file per process
-    ddp = sft(split, tmp_path / "ddp", 2, "ddp", stop_at=2)  # whole replicas: the same arithmetic
-    for run in (stopped, ddp):
+    stopped_dir = two_process_runs["sft_fsdp"]
+    assert (stopped_dir / "checkpoint" / "dcp" / "__1_0.distcp").is_file()  # sharded: one file per process
+    # whole replicas (ddp): the same arithmetic
+    for run in (log_of(stopped_dir), log_of(two_process_runs["sft_ddp"])):
         assert [r["step"] for r in run] == [1, 2]
         assert [r["loss"] for r in run] == pytest.approx([r["loss"] for r in one[:2]], abs=TOL)
     for nproc, engine in ((2, "fsdp"), (1, "single")):
         run = tmp_path / f"resume{nproc}"
-        shutil.copytree(tmp_path / "stopped", run)
+        shutil.copytree(stopped_dir, run)
         log = sft(split, run, nproc, engine)
         assert [r["step"] for r in log] == [1, 2, 3, 4]
         for a, b in zip(one, log):
@@ -117,13 +126,28 @@ def rollouts(tiny_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def fsdp_updates(tiny_dir, rollouts, tmp_path_factory) -> dict[str, dict]:
-    """The update in each layout the tests compare, on two FSDP processes: one launch for both."""
-    d = tmp_path_factory.mktemp("fsdp")
+def two_process_runs(split, tiny_dir, rollouts, tmp_path_factory) -> dict:
+    """The two-process runs the tests compare, in one torchrun launch (tests/dist_worker.py: a
+    process group and the imports of torch and transformers, paid once, not once a run): the GRPO
+    update in each layout the tests compare, on two FSDP processes; SFT stopped at step 2 on two FSDP
+    processes and on two DDP ones; GRPO with in-process rollouts. Each run starts from its own
+    weights into a folder or file of its own. (The resume on two processes is a launch of its own:
+    fresh processes, as a rerun's.)"""
+    d = tmp_path_factory.mktemp("two")
     layouts = ("one", "packed")
-    _run([str(ROOT / "tests" / "dist_worker.py"), str(rollouts), str(tiny_dir), "fsdp",
-          *(f"{d / layout}.pt:{layout}" for layout in layouts)], 2, d)
-    return {layout: torch.load(d / f"{layout}.pt") for layout in layouts}
+    from paravt.ask import DEFAULT_MODEL
+
+    grpo = dict(model=DEFAULT_MODEL, data=split / "rl.parquet", out=d / "grpo", steps=1, prompts_per_step=2,
+                rollouts_per_prompt=2, **{"episode.max_new_tokens": 16}, engine="fsdp", device="cpu", threads=1)
+    jobs = [{"update": str(rollouts), "model": str(tiny_dir), "engine": "fsdp",
+             "out": {layout: str(d / f"{layout}.pt") for layout in layouts}},
+            {"train": "sft", "overrides": sft_overrides(split, d / "sft_fsdp", "fsdp", stop_at=2)},
+            {"train": "sft", "overrides": sft_overrides(split, d / "sft_ddp", "ddp", stop_at=2)},
+            {"train": "grpo", "overrides": [f"{k}={v}" for k, v in grpo.items()]}]
+    (d / "jobs.json").write_text(json.dumps(jobs))
+    _run([str(ROOT / "tests" / "dist_worker.py"), str(d / "jobs.json")], 2, d)
+    return {**{layout: torch.load(d / f"{layout}.pt") for layout in layouts},
+            "sft_fsdp": d / "sft_fsdp", "sft_ddp": d / "sft_ddp", "grpo": d / "grpo"}
 
 
 def single_update(tiny_dir: Path, rollouts: Path, layout: str) -> dict:
@@ -133,13 +157,13 @@ def single_update(tiny_dir: Path, rollouts: Path, layout: str) -> dict:
     return update(str(rollouts), str(tiny_dir), "single", [layout])[layout]
 
 
-def test_grpo_update_on_two_processes_equals_one_and_its_checkpoint_answers_the_same(tiny_dir, rollouts, fsdp_updates,
-                                                                                       tmp_path):
+def test_grpo_update_on_two_processes_equals_one_and_its_checkpoint_answers_the_same(tiny_dir, rollouts,
+                                                                                       two_process_runs, tmp_path):
     """One PARA-GRPO update (PPO-clip + KL to a sharded frozen reference, token-level anchoring in
     the advantages) of the same sequences split over two FSDP processes: the same loss and weights.
     The greedy answer of the updated model, generated in the workers with the gathered weights,
     is the one the consolidated weights give after load_model."""
-    one, two = single_update(tiny_dir, rollouts, "one"), fsdp_updates["one"]
+    one, two = single_update(tiny_dir, rollouts, "one"), two_process_runs["one"]
     for k in ("loss", "pg_loss", "kl", "trained_tokens"):
         assert one["metrics"][k] == pytest.approx(two["metrics"][k], abs=TOL), k
     assert one["metrics"]["kl"] > 0 and one["metrics"]["trained_tokens"] > 0
@@ -161,28 +185,25 @@ def test_grpo_update_on_two_processes_equals_one_and_its_checkpoint_answers_the_
     assert got.logprobs == pytest.approx(two["logprobs"], abs=1e-4)
 
 
-def test_packed_grpo_update_on_two_processes_equals_the_padded_one_on_one(tiny_dir, rollouts, fsdp_updates):
+def test_packed_grpo_update_on_two_processes_equals_the_padded_one_on_one(tiny_dir, rollouts, two_process_runs):
     """The update as it runs on GPUs: FSDP2, several sequences packed into each forward pass
     (per-sequence attention, log π_τ in chunks at trained positions, the reference's too), against
     the padded path on one process: the same loss, KL and weights (within what two Adam steps at
     lr 1e-3 make of fp32 sums in another order: changing the padded path's micro_batch_size alone
     moves the weights by ~3e-6)."""
-    padded, packed = single_update(tiny_dir, rollouts, "padded"), fsdp_updates["packed"]
+    padded, packed = single_update(tiny_dir, rollouts, "padded"), two_process_runs["packed"]
     for k in ("loss", "pg_loss", "kl", "trained_tokens", "entropy"):
         assert padded["metrics"][k] == pytest.approx(packed["metrics"][k], abs=TOL), k
     worst = max(float((padded["state"][k].float() - packed["state"][k].float()).abs().max()) for k in padded["state"])
     assert worst < 5e-5, worst  # measured: 1.8e-5
 
 
-def test_grpo_with_in_process_rollouts_on_two_processes(split, tmp_path):
-    """`torchrun -m paravt train grpo` end to end: each process rolls out its prompts over the
-    gathered weights, and the rollout logprobs are those the sharded update recomputes."""
-    from paravt.ask import DEFAULT_MODEL
-
-    out = tmp_path / "grpo"
-    opts = dict(model=DEFAULT_MODEL, data=split / "rl.parquet", out=out, steps=1, prompts_per_step=2,
-                rollouts_per_prompt=2, **{"episode.max_new_tokens": 16}, engine="fsdp", device="cpu", threads=1)
-    _run(["-m", "paravt", "train", "grpo"] + [x for k, v in opts.items() for x in ("-o", f"{k}={v}")], 2, tmp_path)
-    [log] = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+def test_grpo_with_in_process_rollouts_on_two_processes(two_process_runs):
+    """`train grpo` on two torchrun processes end to end (the CLI's entry point, in the module's launch;
+    `torchrun -m paravt train grpo` itself runs in test_async_grpo_on_two_trainer_processes): each
+    process rolls out its prompts over the gathered weights, and the rollout logprobs are those the
+    sharded update recomputes."""
+    out = two_process_runs["grpo"]
+    [log] = log_of(out)
     assert log["episodes"] == 4 and log["logprob_drift"] < 1e-4
     assert len(list((out / "checkpoint" / "dcp").glob("*.distcp"))) == 2

@@ -261,6 +261,27 @@ def test_config_overrides_and_errors(tmp_path):
         GRPOConfig.load(p)
 
 
+CONFIG_ERROR_SNIPPET = """
+import sys
+from paravt.train import run_training
+from paravt.train.config import ConfigError
+for kind in ("grpo", "sft"):
+    try:
+        run_training(kind, None, ["stepz=3"])
+    except ConfigError as e:
+        assert "stepz" in str(e), e
+print(sorted(m for m in ("torch", "transformers") if m in sys.modules))
+"""
+
+
+def test_a_config_error_comes_before_torch_loads():
+    """A typo in -o (under torchrun, once a rank) is refused without importing torch or transformers
+    (~1.5 CPU-s a process), in a fresh process."""
+    out = subprocess.run([sys.executable, "-c", CONFIG_ERROR_SNIPPET], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[]"], out.stdout
+
+
 def test_cli_reports_config_errors():
     from typer.testing import CliRunner
 

@@ -17,14 +17,17 @@ class RunStopped(Stop):
 def run_training(kind: str, config: str | None, overrides: list[str] | None = None) -> dict:
     """Load the config of `kind` ("sft" | "grpo") and train; returns the last step's metrics. A stop
     (KeyboardInterrupt, procs.Stop) comes out as RunStopped."""
+    # the config first: a bad one fails before the trainer's modules (torch, transformers) load
     if kind == "sft":
-        from paravt.train.sft import SFTConfig, train_sft
+        from paravt.train.sft import SFTConfig
 
-        cfg, train = SFTConfig.load(config, overrides), train_sft
+        cfg = SFTConfig.load(config, overrides)
+        from paravt.train.sft import train_sft as train
     elif kind == "grpo":
-        from paravt.train.grpo import GRPOConfig, train_grpo
+        from paravt.train.grpo import GRPOConfig
 
-        cfg, train = GRPOConfig.load(config, overrides), train_grpo
+        cfg = GRPOConfig.load(config, overrides)
+        from paravt.train.grpo import train_grpo as train
     else:
         raise ValueError(f"unknown training kind {kind!r}; expected sft or grpo")
     try:

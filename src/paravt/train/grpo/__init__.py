@@ -16,24 +16,31 @@ The modules, each importing only those above it:
 - `loop`       `train_grpo`: setup, then each step as named stages (rollouts → score → sequences →
                advantages → update → sync → log / save), the run state, save and resume.
 
-Everything users, tests, benchmarks and docs import from `paravt.train.grpo` is re-exported here.
+Everything users, tests, benchmarks and docs import from `paravt.train.grpo` is re-exported here (each
+module loaded when one of its names is first asked for).
 """
 
-from paravt.train.checkpoint import TrainingDiverged
-from paravt.train.grpo.config import K_CHOICES, GRPOConfig
-from paravt.train.grpo.estimator import (add_kl_reward, group_advantages, kl_reward_to_go, normalize,
-                                         normalize_tokens, ppo_loss, shape_rewards)
-from paravt.train.grpo.loop import _RunState, load_state_of, train_grpo  # noqa: F401  (_RunState: tests)
-from paravt.train.grpo.rollouts import episode_record, play_jobs, rollout_metrics, run_rollouts
-from paravt.train.grpo.schedule import Job, gate_k, load_samples, plan_group, plan_jobs, prompt_schedule, rollout_seed
-from paravt.train.grpo.servers import staleness_stats
-from paravt.train.grpo.update import reference_logprobs, token_advantages, train_passes, update_policy
+import importlib
 
+# name -> the module it lives in. Loaded when first asked for: the settings (config, schedule) need no
+# torch, so a config error, `--show-config` or a torchrun rank failing on its config answers without
+# the ~1.5 s of torch's import.
+_WHERE = {
+    "TrainingDiverged": "paravt.train.checkpoint",
+    **dict.fromkeys(("K_CHOICES", "GRPOConfig"), "paravt.train.grpo.config"),
+    **dict.fromkeys(("add_kl_reward", "group_advantages", "kl_reward_to_go", "normalize", "normalize_tokens",
+                     "ppo_loss", "shape_rewards"), "paravt.train.grpo.estimator"),
+    **dict.fromkeys(("_RunState", "load_state_of", "train_grpo"), "paravt.train.grpo.loop"),  # _RunState: tests
+    **dict.fromkeys(("episode_record", "play_jobs", "rollout_metrics", "run_rollouts"), "paravt.train.grpo.rollouts"),
+    **dict.fromkeys(("Job", "gate_k", "load_samples", "plan_group", "plan_jobs", "prompt_schedule", "rollout_seed"),
+                    "paravt.train.grpo.schedule"),
+    "staleness_stats": "paravt.train.grpo.servers",
+    **dict.fromkeys(("reference_logprobs", "token_advantages", "train_passes", "update_policy"),
+                    "paravt.train.grpo.update"),
+}
 # the earlier module's private names that tests and benchmarks import
-_load_samples = load_samples
-_plan_group = plan_group
-_plan_jobs = plan_jobs
-_update = update_policy
+_ALIASES = {"_load_samples": "load_samples", "_plan_group": "plan_group", "_plan_jobs": "plan_jobs",
+            "_update": "update_policy"}
 
 __all__ = [
     "K_CHOICES", "GRPOConfig", "Job", "TrainingDiverged", "add_kl_reward", "episode_record", "gate_k",
@@ -42,3 +49,16 @@ __all__ = [
     "rollout_seed", "run_rollouts", "shape_rewards", "staleness_stats", "token_advantages", "train_grpo", "train_passes",
     "update_policy",
 ]
+
+
+def __getattr__(name: str):
+    real = _ALIASES.get(name, name)
+    if real not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[real]), real)
+    globals()[name] = value  # once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE, *_ALIASES})
