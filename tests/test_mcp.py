@@ -317,9 +317,15 @@ def test_http_refuses_what_a_web_page_could_send(http_server):
 
 
 def test_http_binds_loopback_only(media):
-    r = subprocess.run([sys.executable, "-m", "paravt", "mcp", "--http", "--host", "0.0.0.0", "--media-root",
-                        str(media["root"])], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "loopback address only" in r.stderr
+    """A bind beyond loopback, or an --allow-origin that is no origin, is refused before the SDK is
+    imported (`-X importtime` lists every module the command imported)."""
+    for flags, said in ((["--host", "0.0.0.0"], "loopback address only"),
+                        (["--allow-origin", "localhost:5173"], "not an origin: 'localhost:5173'")):
+        r = subprocess.run([sys.executable, "-X", "importtime", "-m", "paravt", "mcp", "--http", *flags, "--media-root",
+                            str(media["root"])], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and said in r.stderr, r.stderr[-2000:]
+        imported = {line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
+        assert "paravt.cli" in imported and not {"mcp", "paravt.integrations.mcp.server"} & imported
 
 
 def test_a_server_bound_to_one_video_reads_it_whatever_a_call_names(media):
