@@ -28,7 +28,7 @@ pytest.importorskip("mcp", reason="the mcp package is not installed (pip install
 
 from mcp import Client, StdioServerParameters  # noqa: E402
 
-from servetools import paravt_server  # noqa: E402
+from servetools import Server, paravt_server  # noqa: E402
 
 QUESTION = "What colour was the circle? Answer with one word."
 TOOLS = {"crop_video", "watch_window", "ask_video"}
@@ -274,18 +274,42 @@ def test_write_script_and_client_config(media, tmp_path):
 # ---------- streamable HTTP on loopback, behind paravt.webguard ----------
 
 @pytest.fixture(scope="module")
-def http_server(media):
-    with paravt_server("mcp", "--http", "--media-root", str(media["root"]), "--frames", "4", ready="/mcp",
-                       any_answer=True, timeout_s=60) as (url, _):
-        yield url + "/mcp"
+def model_url():
+    """The shipped model behind paravt serve's app, in this process: the HTTP server's model is its
+    URL (`--model URL`, as in front of vLLM or a `paravt serve` of one's own)."""
+    from paravt import DEFAULT_MODEL
+    from paravt.backends.hf import HFBackend
+    from paravt.models import load_model
+    from paravt.serve import create_app
+
+    with Server(create_app(HFBackend(*load_model(str(DEFAULT_MODEL), device="cpu")), "tiny-paravt")) as s:
+        yield s.url
 
 
-def test_http_lists_and_calls_every_tool(http_server, media):
-    tools, crop, watch, ask = run(session(http_server, _all_tools))
+@pytest.fixture(scope="module")
+def http_mcp(media, model_url):
+    """`paravt mcp --http` on the shipped model's URL; yields (its /mcp URL, its process)."""
+    with paravt_server("mcp", "--http", "--media-root", str(media["root"]), "--frames", "4", "--model", model_url,
+                       ready="/mcp", any_answer=True, timeout_s=60) as (url, proc):
+        yield url + "/mcp", proc
+
+
+@pytest.fixture(scope="module")
+def http_server(http_mcp) -> str:
+    return http_mcp[0]
+
+
+def test_http_lists_and_calls_every_tool(http_mcp, media):
+    """Every tool over streamable HTTP, watch_window and ask_video on a model URL: the server's
+    process loads no model code for them (no torch in its memory map)."""
+    url, proc = http_mcp
+    tools, crop, watch, ask = run(session(url, _all_tools))
     assert set(tools) == TOOLS
     assert not crop.is_error and len([c for c in crop.content if c.type == "image"]) == 6
     assert not watch.is_error and watch.structured_content["summary"]
     assert not ask.is_error and ask.structured_content["frames"] == 4
+    assert ask.structured_content["n_executed_calls"] >= 2  # the shipped model cropped, as over stdio
+    assert "libtorch" not in Path(f"/proc/{proc.pid}/maps").read_text()
 
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
@@ -317,9 +341,15 @@ def test_http_refuses_what_a_web_page_could_send(http_server):
 
 
 def test_http_binds_loopback_only(media):
-    r = subprocess.run([sys.executable, "-m", "paravt", "mcp", "--http", "--host", "0.0.0.0", "--media-root",
-                        str(media["root"])], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "loopback address only" in r.stderr
+    """A bind beyond loopback, or an --allow-origin that is no origin, is refused before the SDK is
+    imported (`-X importtime` lists every module the command imported)."""
+    for flags, said in ((["--host", "0.0.0.0"], "loopback address only"),
+                        (["--allow-origin", "localhost:5173"], "not an origin: 'localhost:5173'")):
+        r = subprocess.run([sys.executable, "-X", "importtime", "-m", "paravt", "mcp", "--http", *flags, "--media-root",
+                            str(media["root"])], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and said in r.stderr, r.stderr[-2000:]
+        imported = {line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
+        assert "paravt.cli" in imported and not {"mcp", "paravt.integrations.mcp.server"} & imported
 
 
 def test_a_server_bound_to_one_video_reads_it_whatever_a_call_names(media):

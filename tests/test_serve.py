@@ -1,5 +1,6 @@
 """paravt serve over real HTTP on loopback: the official openai client, bad payloads, keys, limits,
-the tiny model served in-process and as a `paravt serve` process with a whole episode through it."""
+the tiny model served in-process, and the shipped one as a `paravt serve` process (streamed and plain
+answers through the official client, a whole episode through it, then its death)."""
 
 import asyncio
 import base64
@@ -262,14 +263,28 @@ def test_tiny_model_served_in_process_with_batching(tiny_dir):
 
 
 @pytest.mark.slow
-def test_paravt_serve_process_runs_a_whole_episode(tiny_dir, tmp_path):
-    """`paravt serve` as its own process; an episode through the openai backend; then the server dies."""
+def test_paravt_serve_process_streams_and_runs_a_whole_episode(tmp_path):
+    """`paravt serve` with no --model (the shipped trained tiny model) and an API key, as its own
+    process (one process for both claims: each start costs seconds of imports):
+    - `stream: true` through the official openai client: for greedy, seeded and stop-string requests,
+      the streamed chunks join to the plain response's message, with the same finish_reason and usage,
+      over several chunks (one per decode step);
+    - an episode through the openai backend; then the server dies: a clear BackendError, quickly."""
+    import os
+
+    import openai
     from videotools import make_test_video
 
     from paravt.agent import EpisodeConfig, run_episode_sync
 
+    env = {k: v for k, v in os.environ.items() if k not in ("PARAVT_MODEL", "PARAVT_API_KEY")}
+    env["OMP_NUM_THREADS"] = "1"
     video = make_test_video(tmp_path / "v.mp4", seconds=30, fps=2)
-    with paravt_server("serve", "--model", str(tiny_dir), "--api-key", "secret") as (url, proc):
+    with paravt_server("serve", "--api-key", "secret", env=env) as (url, proc):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="secret", max_retries=0, timeout=60)
+        assert [m.id for m in client.models.list().data] == ["tiny-paravt"]
+        streams_join_to_plain(client, "tiny-paravt")
+
         be = OpenAIBackend(url, api_key="secret", timeout_s=60)
         cfg = EpisodeConfig(frames=4, max_new_tokens=12, sub_max_new_tokens=8, max_turns=2)
         ep = run_episode_sync(be, video, "What is shown?", cfg)
@@ -285,3 +300,32 @@ def test_paravt_serve_process_runs_a_whole_episode(tiny_dir, tmp_path):
             run_episode_sync(be2, video, "What is shown?", cfg)
         assert time.time() - t < 10
 
+
+def streams_join_to_plain(client, model: str) -> None:
+    """For greedy, seeded and stop-string requests of one image and a question, the official client's
+    streamed chunks (`stream_options.include_usage`) join to the plain response's message, with its
+    finish_reason and usage, over more than one chunk."""
+    frame = np.zeros((64, 64, 3), np.uint8)
+    frame[16:48, 16:48] = (255, 0, 0)
+    messages = [{"role": "user", "content": [
+        {"type": "text", "text": "<0.0 seconds>"}, {"type": "image_url", "image_url": {"url": image_data_url(frame)}},
+        {"type": "text", "text": "What colour was the square?"}]}]
+    greedy = dict(model=model, messages=messages, max_tokens=24, temperature=0)
+    plain = client.chat.completions.create(**greedy)
+    text = plain.choices[0].message.content
+    assert len(text) > 8
+    stop = text[len(text) // 2: len(text) // 2 + 3]
+    for kw in (greedy, dict(greedy, temperature=1.0, seed=7), dict(greedy, stop=[stop])):
+        want = plain if kw is greedy else client.chat.completions.create(**kw)
+        chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+        assert all(c.object == "chat.completion.chunk" and c.model == model for c in chunks)
+        assert len({c.id for c in chunks}) == 1
+        assert chunks[0].choices[0].delta.role == "assistant"
+        pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+        assert "".join(pieces) == want.choices[0].message.content, kw
+        assert len(pieces) > 1  # decoded step by step, not one block at the end
+        finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        assert finishes == [want.choices[0].finish_reason]
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == want.usage.completion_tokens
+        assert chunks[-1].usage.prompt_tokens == want.usage.prompt_tokens
+    assert stop not in "".join(pieces)

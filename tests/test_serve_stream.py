@@ -1,18 +1,18 @@
 """`stream: true` on paravt serve: OpenAI's server-sent events, checked with the official openai
-client against a real `paravt serve` process and against in-process servers over fakes (what is
-sent while the model still decodes, stop strings held back, errors, a client that leaves, a
-weight-update abort). All servers bind 127.0.0.1."""
+client against in-process servers over fakes (what is sent while the model still decodes, stop
+strings held back, errors, a client that leaves, a weight-update abort) and over the tiny model;
+against a real `paravt serve` process in tests/test_serve.py (its process test, which streams and
+answers plainly on one process). All servers bind 127.0.0.1."""
 
 import asyncio
 import json
-import os
 import threading
 import time
 
 import httpx
 import numpy as np
 import pytest
-from servetools import Server, paravt_server
+from servetools import Server
 from test_openai_backend import FakeBackend
 
 from paravt.backends.base import BackendError, Completion, RequestRejected
@@ -83,48 +83,6 @@ class StreamingFake:
 
     async def aclose(self) -> None:
         pass
-
-
-# ------------------------------------------------------------------------------------------
-# the real server and the official client
-
-
-@pytest.mark.slow
-def test_openai_client_streams_what_paravt_serve_answers_plainly():
-    """`paravt serve` with no --model (the shipped trained tiny model) as its own process: for greedy,
-    seeded and stop-string requests, the streamed chunks join to the plain response's message, with
-    the same finish_reason and usage, over several chunks (one per decode step)."""
-    import openai
-
-    env = {k: v for k, v in os.environ.items() if k != "PARAVT_MODEL"} | {"OMP_NUM_THREADS": "1"}
-    with paravt_server("serve", env=env) as (url, proc):
-        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
-        assert [m.id for m in client.models.list().data] == ["tiny-paravt"]
-        frame = np.zeros((64, 64, 3), np.uint8)
-        frame[16:48, 16:48] = (255, 0, 0)
-        messages = [{"role": "user", "content": [
-            {"type": "text", "text": "<0.0 seconds>"}, {"type": "image_url", "image_url": {"url": image_data_url(frame)}},
-            {"type": "text", "text": "What colour was the square?"}]}]
-        greedy = dict(model="tiny-paravt", messages=messages, max_tokens=24, temperature=0)
-        plain = client.chat.completions.create(**greedy)
-        text = plain.choices[0].message.content
-        assert len(text) > 8
-        stop = text[len(text) // 2: len(text) // 2 + 3]
-        for kw in (greedy, dict(greedy, temperature=1.0, seed=7), dict(greedy, stop=[stop])):
-            want = plain if kw is greedy else client.chat.completions.create(**kw)
-            chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
-            assert all(c.object == "chat.completion.chunk" and c.model == "tiny-paravt" for c in chunks)
-            assert len({c.id for c in chunks}) == 1
-            assert chunks[0].choices[0].delta.role == "assistant"
-            pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
-            assert "".join(pieces) == want.choices[0].message.content, kw
-            assert len(pieces) > 1  # decoded step by step, not one block at the end
-            finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
-            assert finishes == [want.choices[0].finish_reason]
-            assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == want.usage.completion_tokens
-            assert chunks[-1].usage.prompt_tokens == want.usage.prompt_tokens
-        assert stop not in "".join(pieces)
-
 
 
 def test_hf_backend_streams_pieces_that_join_to_its_completion(tiny_dir):

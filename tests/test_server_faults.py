@@ -17,24 +17,31 @@ from pathlib import Path
 import pytest
 
 from paravt.ask import DEFAULT_MODEL
-from servetools import paravt_server
+from servetools import Server, paravt_server
 from tests.test_async_grpo import process_state, server_of
 
 pytestmark = pytest.mark.slow
 
 
 def test_eval_routes_around_a_stopped_endpoint(mini_split, tmp_path):
-    """Two `paravt serve` endpoints, one stopped with SIGSTOP: the check before the run finds it does
-    not answer and takes it out of the rotation (the run's output and summary name it), every sample
-    is answered by the other, and the score line says what it is over. (A server that stops during
-    the run: tests/test_openai_backend.py.)"""
+    """Two endpoints serving the shipped model: a `paravt serve` process stopped with SIGSTOP, and
+    paravt serve's app in this process (the one that answers: its process is not what is tested).
+    The check before the run finds the stopped one does not answer and takes it out of the rotation
+    (the run's output and summary name it), every sample is answered by the other, and the score
+    line says what it is over. (A server that stops during the run: tests/test_openai_backend.py.)"""
     from typer.testing import CliRunner
 
+    from paravt.backends.hf import HFBackend
     from paravt.cli import app
+    from paravt.models import load_model
+    from paravt.serve import create_app
+    from paravt.webguard import h11_protocol
 
     out = tmp_path / "run"
-    with paravt_server("serve", log=tmp_path / "a.log") as (a, proc_a), \
-            paravt_server("serve", log=tmp_path / "b.log") as (b, _):
+    served = create_app(HFBackend(*load_model(str(DEFAULT_MODEL), device="cpu")), Path(DEFAULT_MODEL).resolve().name,
+                        loopback_only=True)  # as `paravt serve` builds it
+    with Server(served, http=h11_protocol()) as server_b, paravt_server("serve", log=tmp_path / "a.log") as (a, proc_a):
+        b = server_b.url
         os.kill(proc_a.pid, signal.SIGSTOP)
         try:
             t0 = time.time()

@@ -52,6 +52,10 @@ def mcp_command(
         if print_config:
             typer.echo(json.dumps(client_config(settings), indent=2))
             return
+        if http:  # a refused --host or --allow-origin is said before the SDK is imported (about a second)
+            from paravt.integrations.mcp.web import check_http_options
+
+            check_http_options(host, tuple(allow_origin))
         try:
             from paravt.integrations.mcp.server import run
         except ImportError as e:

@@ -190,13 +190,11 @@ def run(settings: McpSettings, transport: str = "stdio", host: str = "127.0.0.1"
     import anyio
 
     from paravt.integrations.mcp import web
-    from paravt.webguard import is_loopback
 
     if transport not in ("stdio", "http"):
         raise ValueError(f"transport must be stdio or http, got {transport!r}")
-    if transport == "http" and not is_loopback(host):
-        raise ValueError(f"--host {host}: the MCP server binds a loopback address only (it has no authentication; "
-                         "put a proxy that authenticates in front of it to reach it from elsewhere)")
+    if transport == "http":
+        web.check_http_options(host, allowed_origins)
     one_line_logging()
     models = Models(settings)
     server = build_server(settings, models)

@@ -31,6 +31,18 @@ CORS_EXPOSE = ("mcp-session-id", "mcp-protocol-version")  # a browser client rea
 log = logging.getLogger("paravt.mcp")
 
 
+def check_http_options(host: str, allowed_origins: tuple[str, ...] = ()) -> None:
+    """ValueError for a bind beyond loopback (the server has no authentication) or an --allow-origin
+    that is no origin: light, so `paravt mcp --http` says so before the SDK loads."""
+    from paravt.webguard import is_loopback, origin_of
+
+    if not is_loopback(host):
+        raise ValueError(f"--host {host}: the MCP server binds a loopback address only (it has no authentication; "
+                         "put a proxy that authenticates in front of it to reach it from elsewhere)")
+    for origin in allowed_origins:
+        origin_of(origin)
+
+
 def http_app(server, loopback_only: bool = True, allowed_origins: tuple[str, ...] = (),
              body_timeout_s: float = BODY_TIMEOUT_S):
     """The streamable HTTP app of `server` (an MCPServer) at /mcp, behind the layers above. Its
