@@ -186,11 +186,19 @@ class VideoReader:
         return resize_to_budget(self._info.height, self._info.width, self.max_pixels, self.min_pixels, self.factor)
 
     def _image(self, frame) -> np.ndarray:
-        """The frame resized to frame_size and turned upright."""
+        """The frame resized to frame_size and turned upright. Through this thread's reformatter:
+        `frame.to_ndarray(format=...)` sets up a new swscale context for every frame, which cost more
+        than the conversion (CPU a frame: 0.36 vs 0.03 ms at SynthVT's 64x64, 1.06 vs 0.41 ms for
+        640x360 to 288x160; the same pixels)."""
         h, w = self.frame_size
         if self._turns % 2:
             h, w = w, h
-        img = frame.to_ndarray(format="rgb24", width=w, height=h, interpolation="BILINEAR")
+        reformatter = getattr(self._local, "reformatter", None)
+        if reformatter is None:
+            from av.video.reformatter import VideoReformatter
+
+            reformatter = self._local.reformatter = VideoReformatter()
+        img = reformatter.reformat(frame, width=w, height=h, format="rgb24", interpolation="BILINEAR").to_ndarray()
         return np.ascontiguousarray(np.rot90(img, self._turns)) if self._turns else img
 
     def _count(self, n, what: str) -> int:
