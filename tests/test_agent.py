@@ -401,6 +401,17 @@ def test_episode_round_trips_through_json(video):
     assert back.turns[0].generation.messages is None and ep.turns[0].generation.messages is not None
 
 
+def test_a_synchronous_run_hands_the_episode_back_unprinted(video, monkeypatch):
+    """asyncio.run on the main thread ends by formatting its task's repr, result included (paravt.aio):
+    an episode's every frame through numpy's printer, twice, for nothing. run_episode_sync (and the
+    trainer's rollouts, `paravt ask`, the demo) hand it back without a repr."""
+    printed = []
+    monkeypatch.setattr(Episode, "__repr__", lambda self: printed.append(1) or "Episode(...)")
+    ep = run(ScriptedBackend([calls((0, 10)), ANSWER], sub=sub_echo), video)
+    assert ep.answer == "B" and len(ep.turns[0].calls) == 1
+    assert printed == []
+
+
 def test_eval_rows_load_back(video, tmp_path):
     """An eval row (token ids dropped) and a whole results.jsonl line load back as an Episode,
     with the prompt text of every model call; before, from_dict raised TypeError (missing ids)."""

@@ -400,3 +400,32 @@ def test_five_crops_are_one_prefill_with_one_vision_tower_call(tiny):
     finally:
         hook.remove()
     assert [c.token_ids for c in got] == [c.token_ids for c in alone]
+
+
+def test_a_decode_step_writes_its_column_into_room_the_cache_holds():
+    """kv_cache.RoomyLayer: transformers' DynamicLayer copies each row's whole K/V at every decode
+    step (a concatenation). Here a step writes its column in place: twenty steps, one buffer; the
+    views handed out before keep their values; keys replaced from outside (hf's map_cache: rows
+    selected, batches merged) are taken up at the next step."""
+    from paravt.backends.kv_cache import RoomyLayer
+
+    g = torch.Generator().manual_seed(0)
+    kv = lambda rows, cols: (torch.randn(rows, 2, cols, 4, generator=g), torch.randn(rows, 2, cols, 4, generator=g))  # noqa: E731
+    layer = RoomyLayer()
+    k0, v0 = kv(3, 5)
+    keys, _ = layer.update(k0, v0)  # the prefill: kept as given
+    assert torch.equal(keys, k0)
+    steps = [kv(3, 1) for _ in range(21)]
+    first, _ = layer.update(*steps[0])
+    buffer = first.untyped_storage().data_ptr()
+    for k, v in steps[1:]:
+        keys, values = layer.update(k, v)
+    assert keys.untyped_storage().data_ptr() == buffer  # no copy after the first step's
+    assert torch.equal(keys, torch.cat([k0] + [k for k, _ in steps], dim=-2))
+    assert torch.equal(values, torch.cat([v0] + [v for _, v in steps], dim=-2))
+    assert torch.equal(first, torch.cat([k0, steps[0][0]], dim=-2))  # an earlier view is never written
+    layer.keys, layer.values = layer.keys[1:], layer.values[1:]  # a row left the batch
+    k, v = kv(2, 1)
+    keys, values = layer.update(k, v)
+    assert keys.shape == (2, 2, 27, 4) and keys.untyped_storage().data_ptr() != buffer
+    assert torch.equal(keys[:, :, -1:], k) and torch.equal(values[:, :, :5], v0[1:])

@@ -30,14 +30,22 @@ def exact_gradient(theta: torch.Tensor, tau: float) -> torch.Tensor:
     return p * (REWARD - (p * REWARD).sum()) / tau
 
 
-def surrogate_gradient(theta: torch.Tensor, actions: torch.Tensor, adv: torch.Tensor, logp_tau: float) -> torch.Tensor:
-    """−∇ of ppo_loss at ratio 1 for one group, with logprobs computed at `logp_tau`."""
-    th = theta.clone().requires_grad_(True)
+def draw_groups(probs: torch.Tensor, groups: int, seed: int) -> torch.Tensor:
+    """(groups, N) actions: each group's N draws of π, one group after another from one generator."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.multinomial(probs, N, replacement=True, generator=g) for _ in range(groups)])
+
+
+def surrogate_gradients(theta: torch.Tensor, actions: torch.Tensor, adv: torch.Tensor, logp_tau: float) -> torch.Tensor:
+    """−∇ of ppo_loss at ratio 1 for each group (a row of `actions`), with logprobs computed at
+    `logp_tau`. One pass for all groups: each group's θ is a row of its own, so a row's gradient is
+    its group's alone."""
+    th = theta.expand(len(actions), -1).clone().requires_grad_(True)
     logp = policy_log_softmax(th, logp_tau).gather(-1, actions)
     ones = torch.ones_like(logp)
-    loss, _ = ppo_loss(logp, logp.detach(), adv, ones, len(actions))
+    loss, _ = ppo_loss(logp, logp.detach(), adv, ones, N)
     (g,) = torch.autograd.grad(loss, th)
-    return -g * len(actions)  # the sum over the group's tokens: mean-centred advantages, one token each
+    return -g * N  # the sum over each group's tokens: mean-centred advantages, one token each
 
 
 @pytest.mark.parametrize("tau", [0.5, 0.7])
@@ -47,13 +55,9 @@ def test_the_estimate_is_the_exact_policy_gradient_at_the_sampling_temperature(t
     groups = 3000
 
     def estimates(logp_tau: float) -> np.ndarray:
-        g = torch.Generator().manual_seed(1)
-        out = []
-        for _ in range(groups):
-            a = torch.multinomial(probs, N, replacement=True, generator=g)
-            r = REWARD[a]
-            out.append(surrogate_gradient(theta, a, r - r.mean(), logp_tau).numpy() / N)
-        return np.array(out)
+        a = draw_groups(probs, groups, seed=1)
+        r = REWARD[a]
+        return surrogate_gradients(theta, a, r - r.mean(-1, keepdim=True), logp_tau).numpy() / N
 
     # group mean-centring keeps (N−1)/N of the gradient (the sample is in its own baseline)
     want = exact_gradient(theta, tau).numpy() * (N - 1) / N
@@ -186,21 +190,17 @@ def test_decoupled_ppo_is_the_policy_gradient_under_samples_of_a_stale_policy():
     groups = 3000
 
     def estimates(decoupled: bool) -> np.ndarray:
-        g = torch.Generator().manual_seed(2)
-        out = []
-        for _ in range(groups):
-            a = torch.multinomial(pb, N, replacement=True, generator=g)
-            th = theta.clone().requires_grad_(True)
-            logp = policy_log_softmax(th, tau).gather(-1, a)
-            old = policy_log_softmax(behave, tau).gather(-1, a)
-            adv, ones = REWARD[a] - baseline, torch.ones(N, dtype=torch.float64)
-            if decoupled:
-                loss, _ = ppo_loss(logp, old, adv, ones, N, prox_logp=logp.detach(), behave_cap=5.0)
-            else:
-                loss, _ = ppo_loss(logp, old, adv, ones, N)
-            (grad,) = torch.autograd.grad(loss, th)
-            out.append(-grad.numpy())
-        return np.array(out)
+        a = draw_groups(pb, groups, seed=2)
+        th = theta.expand(groups, -1).clone().requires_grad_(True)  # a row per group: its gradient is the group's
+        logp = policy_log_softmax(th, tau).gather(-1, a)
+        old = policy_log_softmax(behave, tau)[a]
+        adv, ones = REWARD[a] - baseline, torch.ones(groups, N, dtype=torch.float64)
+        if decoupled:
+            loss, _ = ppo_loss(logp, old, adv, ones, N, prox_logp=logp.detach(), behave_cap=5.0)
+        else:
+            loss, _ = ppo_loss(logp, old, adv, ones, N)
+        (grad,) = torch.autograd.grad(loss, th)
+        return -grad.numpy()
 
     want = exact_gradient(theta, tau).numpy()
     right = estimates(True)

@@ -36,18 +36,27 @@ def test_buckets():
     assert bucket(3000, 2048) == 3000 and bucket(700, 600) == 700  # never below what is needed
 
 
+# short and long prompts and generations; the 6-frame prompt joins after shorter ones started
+JOINING = [(0, 1, 20), (1, 2, 70), (2, 1, 8), (3, 6, 30), (4, 1, 60), (5, 3, 12)]
+
+
+@pytest.fixture(scope="module")
+def eager_alone(tiny):
+    """The eager path's completion of each JOINING request alone, at full length (no stop token: the
+    long rows really run past the bucket): what both batch sizes below must give."""
+    eager = HFBackend(*tiny, decode="eager")
+    eager.renderer.stop_ids = set()
+    return [eager.generate_sync([request(*r)])[0] for r in JOINING]
+
+
 @pytest.mark.parametrize("max_batch", [3, 8])
-def test_static_decode_gives_the_eager_tokens_while_rows_join_and_leave(tiny, max_batch, monkeypatch):
+def test_static_decode_gives_the_eager_tokens_while_rows_join_and_leave(tiny, eager_alone, max_batch, monkeypatch):
     import paravt.backends.static_decode as sd
 
     monkeypatch.setattr(sd, "MIN_LENGTH", 32)  # small buckets: the rows below cross several (grow, compact)
     model, processor = tiny
-    # short and long prompts and generations; the 6-frame prompt joins after shorter ones started
-    reqs = [request(0, 1, 20), request(1, 2, 70), request(2, 1, 8), request(3, 6, 30), request(4, 1, 60),
-            request(5, 3, 12)]
-    eager = HFBackend(model, processor, decode="eager")
-    eager.renderer.stop_ids = set()  # full length: the long rows really run past the bucket
-    alone = [eager.generate_sync([r])[0] for r in reqs]
+    reqs = [request(*r) for r in JOINING]
+    alone = eager_alone
     static = HFBackend(model, processor, decode="static", max_batch=max_batch, batch_wait_ms=20)
     static.renderer.stop_ids = set()
 

@@ -606,6 +606,27 @@ def test_overview_k_is_capped_at_the_frame_count(tmp_path):
         assert str(p) in str(e.value)
 
 
+def _same_frames(a, b):
+    return [(decode_stripe(f.image), f.timestamp, f.requested, f.substituted) for f in a] == \
+        [(decode_stripe(f.image), f.timestamp, f.requested, f.substituted) for f in b]
+
+
+def test_overviews_are_each_overview_with_the_frames_decoded_once(tmp_path):
+    """overviews(ks) (SynthVT's labels of what each K shows) gives what overview(k) gives for each k,
+    the budgets at or past the frame count included, decoding what the budgets share once."""
+    p = make_test_video(tmp_path / "v.mp4", seconds=30, fps=FPS, gop=20)  # 300 frames
+    ks = [4, 8, 16, 32, 64, 300, 1000]
+    alone = VideoReader(p)
+    want = {}
+    for k in ks:
+        want[k] = alone.overview(k)
+    together = VideoReader(p)
+    got = together.overviews(reversed(ks))
+    assert list(got) == ks and all(_same_frames(got[k], want[k]) for k in ks)
+    # one pass of every frame for 300 and 1000, one more for the five budgets' times: each frame at most twice
+    assert together.frames_decoded <= 2 * 300 < alone.frames_decoded / 2, (together.frames_decoded, alone.frames_decoded)
+
+
 def test_crop_count_is_capped_at_the_frames_in_the_window(tmp_path):
     p = make_test_video(tmp_path / "short.mp4", seconds=10, fps=FPS)
     r = VideoReader(p)
@@ -657,6 +678,14 @@ def test_jump_overview_spreads_over_the_recorded_frames(jumped):
             assert f.timestamp == pytest.approx(jumped_time(i), abs=1e-3)
             assert abs(f.timestamp - f.requested) <= 0.5 / FPS + 1e-6 and not f.substituted
     assert [decode_stripe(f.image) for f in r.overview(100)] == list(range(100))  # every frame once
+
+
+@needs_demuxer_index
+def test_overviews_spread_over_the_recorded_frames_as_overview_does(jumped):
+    ks = [4, 8, 16, 100]
+    got = VideoReader(jumped).overviews(ks)
+    r = VideoReader(jumped)
+    assert all(_same_frames(got[k], r.overview(k)) for k in ks)
 
 
 @needs_demuxer_index

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from pathlib import Path
@@ -14,6 +13,7 @@ from rich.panel import Panel
 
 from paravt import DEFAULT_MODEL  # the shipped checkpoint; $PARAVT_MODEL overrides it
 from paravt.agent import Episode, EpisodeConfig, run_episode
+from paravt.aio import run
 
 
 def default_model() -> str | None:
@@ -161,7 +161,7 @@ def ask(video: str, question: str, *, model: str | None, config: EpisodeConfig, 
             finally:
                 await backend.aclose()
 
-        ep = asyncio.run(go())
+        ep = run(go())
     finally:
         reader.close()
     if ep.substituted_frames:

@@ -9,7 +9,6 @@ timeline with the event's true span drawn beside the crops.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
@@ -27,6 +26,7 @@ def demo(out_dir: str = "outputs/demo", seed: int | None = None, model: str | No
          frames: int = DEMO_FRAMES) -> None:
     from paravt import protocol as P
     from paravt.agent import EpisodeConfig, run_episode
+    from paravt.aio import run
     from paravt.ask import live_printer, make_backend
     from paravt.rewards import score_episode
     from paravt.synth.dataset import MINI_TASK
@@ -79,7 +79,7 @@ def demo(out_dir: str = "outputs/demo", seed: int | None = None, model: str | No
         finally:
             await backend.aclose()
 
-    ep = asyncio.run(go())
+    ep = run(go())
     reader.close()
     got = (ep.answer or "").strip().lower()
     console.print(f"answer {ep.answer!r}, truth {target.colour!r}: "

@@ -18,6 +18,7 @@ from paravt.agent.config import EpisodeConfig, EventHook
 from paravt.agent.dispatch import dispatch_calls
 from paravt.agent.messages import build_final_message, build_main_messages, build_tool_response_messages
 from paravt.agent.record import Episode, MainTurn, record_call, substitutes
+from paravt.aio import run
 from paravt.backends.base import Backend, BackendError, GenerateRequest
 from paravt.messages import Message
 from paravt.video import VideoReader
@@ -141,4 +142,4 @@ async def _episode(backend: Backend, reader: VideoReader, question: str, cfg: Ep
 
 def run_episode_sync(*args: Any, **kwargs: Any) -> Episode:
     """`run_episode` for scripts without an event loop."""
-    return asyncio.run(run_episode(*args, **kwargs))
+    return run(run_episode(*args, **kwargs))

@@ -11,6 +11,8 @@ other shapes, as batching already has):
   an ordinary left-padded batch, so the decode paths (eager and static) take it as they take any.
 Sharing stays within one prefill call: nothing is kept between calls, so a cache can never outlive
 the weights it was computed with (a training step updates them in place).
+
+The cache is a DynamicCache whose layers keep room to grow (`kv_cache.RoomyLayer`).
 """
 
 from __future__ import annotations
@@ -79,12 +81,12 @@ def shared_text_prefix(rows: list[list[int]], renderer: Renderer) -> int:
 
 
 def _forward(model, renderer: Renderer, rows: list[list[int]], images: list[list[np.ndarray]]) -> Prefilled:
-    from transformers import DynamicCache
+    from paravt.backends.kv_cache import roomy_cache
 
     inputs = model_inputs(model, renderer, rows, images)
     position_ids = inputs.pop("position_ids")
     positions = position_ids.max(dim=-1).values.max(dim=0).values + 1  # (B,) next text position per row
-    cache = DynamicCache(config=model.config.get_text_config())
+    cache = roomy_cache(model.config.get_text_config())
     kw = {cache_kwarg(type(model)): cache, "use_cache": True, "logits_to_keep": 1}
     n = shared_text_prefix(rows, renderer)
     if n == 0:

@@ -215,7 +215,7 @@ def build_split(out: str | Path, cfg: SynthConfig, progress=None) -> SplitSummar
             reader = VideoReader(out / rel)
         q_rng, o_rng = _streams(vseed)
         try:
-            overviews = {k: [f.timestamp for f in reader.overview(k)] for k in ks}  # real decoded timestamps
+            overviews = {k: [f.timestamp for f in fs] for k, fs in reader.overviews(ks).items()}  # real decoded timestamps
             qs = make_questions(spec, vid, q_rng, cfg.per_video, {k: overviews[k] for k in K_VALUES}, cfg.kinds,
                                 cfg.control, cfg.kind_weights or None, cfg.pair_gap)
             qs = qs[: cfg.n - n_q]

@@ -186,11 +186,19 @@ class VideoReader:
         return resize_to_budget(self._info.height, self._info.width, self.max_pixels, self.min_pixels, self.factor)
 
     def _image(self, frame) -> np.ndarray:
-        """The frame resized to frame_size and turned upright."""
+        """The frame resized to frame_size and turned upright. Through this thread's reformatter:
+        `frame.to_ndarray(format=...)` sets up a new swscale context for every frame, which cost more
+        than the conversion (CPU a frame: 0.36 vs 0.03 ms at SynthVT's 64x64, 1.06 vs 0.41 ms for
+        640x360 to 288x160; the same pixels)."""
         h, w = self.frame_size
         if self._turns % 2:
             h, w = w, h
-        img = frame.to_ndarray(format="rgb24", width=w, height=h, interpolation="BILINEAR")
+        reformatter = getattr(self._local, "reformatter", None)
+        if reformatter is None:
+            from av.video.reformatter import VideoReformatter
+
+            reformatter = self._local.reformatter = VideoReformatter()
+        img = reformatter.reformat(frame, width=w, height=h, format="rgb24", interpolation="BILINEAR").to_ndarray()
         return np.ascontiguousarray(np.rot90(img, self._turns)) if self._turns else img
 
     def _count(self, n, what: str) -> int:
@@ -239,6 +247,25 @@ class VideoReader:
         if self._index.spans is not None:  # timestamps that jump: spread over the recorded time only
             return self.frames_at(share(self._index.spans, k))
         return self.frames_at(overview_times(self._info.duration, k))
+
+    def overviews(self, ks) -> dict[int, list[Frame]]:
+        """overview(k) for every k in `ks`, the frames nearest all their times found in one pass: a
+        frame or a GOP two budgets share is decoded once (SynthVT labels what each K's overview
+        shows; K = 4 to 64 of 15 of its videos: 1.2 s of CPU one overview at a time, 0.5 s at once)."""
+        ks = sorted({self._count(k, "overview k") for k in ks})
+        times: dict[int, list[float]] = {}
+        every = None  # k >= the frame count: every frame once, the same for each such k
+        for k in ks:
+            if k >= self._info.num_frames:
+                every = every or self.overview(k)
+            elif self._index.spans is not None:
+                times[k] = share(self._index.spans, k)
+            else:
+                times[k] = overview_times(self._info.duration, k)
+        union = sorted({t for ts in times.values() for t in ts})
+        decoded = [f for i in range(0, len(union), MAX_FRAMES) for f in self.frames_at(union[i:i + MAX_FRAMES])]
+        at = dict(zip(union, decoded))
+        return {k: [at[t] for t in times[k]] if k in times else list(every) for k in ks}
 
     def crop(
         self, start: float, end: float, fps: float = 1.0, max_frames: int = 16, num_frames: int | None = None

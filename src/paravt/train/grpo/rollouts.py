@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from paravt.agent import EpisodeConfig
+from paravt.aio import run
 from paravt.train.grpo.config import GRPOConfig
 from paravt.train.grpo.schedule import Job, plan_jobs
 
@@ -108,11 +109,11 @@ def collect_rollouts(cfg: GRPOConfig, engine, model, samples: list["RLSample"], 
         return [j for g in groups for j in g.jobs], [r for g in groups for r in g.results], failed, 0.0
     jobs = plan_jobs(cfg, samples, step, engine.world, engine.rank)
     if servers is not None:
-        results = asyncio.run(run_rollouts(servers.backend(), jobs, cfg.episode, cfg.temperature, cfg.top_p))
+        results = run(run_rollouts(servers.backend(), jobs, cfg.episode, cfg.temperature, cfg.top_p))
         check_served(results, servers, step)
         return jobs, results, [], 0.0
     with engine.gathered(model) as gather_s:
-        results = asyncio.run(run_rollouts(backend, jobs, cfg.episode, cfg.temperature, cfg.top_p))
+        results = run(run_rollouts(backend, jobs, cfg.episode, cfg.temperature, cfg.top_p))
     return jobs, results, [], gather_s
 
 
