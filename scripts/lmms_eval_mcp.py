@@ -39,27 +39,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))  # its neighbour, however it is loaded
-from longvt_loop import server_python  # noqa: E402
-
-TASK_YAML = """task: synthvt_mcp
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: generate_until
-doc_to_visual: !function synthvt_mcp_utils.doc_to_visual
-doc_to_text: !function synthvt_mcp_utils.doc_to_text
-doc_to_messages: !function synthvt_mcp_utils.doc_to_messages
-doc_to_target: answer
-generation_kwargs:
-  max_new_tokens: 256
-process_results: !function synthvt_mcp_utils.process_results
-metric_list:
-  - metric: called_paravt
-    aggregation: mean
-    higher_is_better: true
-"""
+from longvt_loop import server_python, task_yaml  # noqa: E402
 
 TASK_UTILS = '''
 def doc_to_visual(doc):
@@ -174,7 +154,7 @@ def make_task(out: Path, n: int, with_video: bool) -> tuple[Path, Path]:
         rows.append({"id": str(seed), "video": str(video), "question": f"What colour was the {e.shape}?",
                      "answer": e.colour})
     (out / "data.json").write_text(json.dumps(rows))
-    (include / "synthvt_mcp.yaml").write_text(TASK_YAML.format(data=out / "data.json"))
+    (include / "synthvt_mcp.yaml").write_text(task_yaml("synthvt_mcp", out / "data.json", "called_paravt"))
     # without a video element (--no-video) the path is written as lmms-eval writes it after a video's frames
     video_line = ('content.insert(0, {"type": "video", "url": doc["video"]})' if with_video else
                   'content.append({"type": "text", "text": "\\nVideo 0 has video path: " + doc["video"]})')

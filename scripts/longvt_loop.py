@@ -48,8 +48,14 @@ def server_python() -> Path:
     one, else this one. lmms-eval's env keeps mcp 1.x for its client, and the server needs 2.x."""
     own = ROOT / ".venv" / "bin" / "python"
     return own if own.exists() else Path(sys.executable)
+
+
 TASK = "synthvt_longvt"
-TASK_YAML = """task: {task}
+
+
+def task_yaml(task: str, data: Path, metric: str) -> str:
+    """An lmms-eval task over the JSON rows in `data`, its functions in `{task}_utils.py` beside it."""
+    return f"""task: {task}
 dataset_path: json
 dataset_kwargs:
   data_files:
@@ -64,10 +70,12 @@ generation_kwargs:
   max_new_tokens: 256
 process_results: !function {task}_utils.process_results
 metric_list:
-  - metric: score
+  - metric: {metric}
     aggregation: mean
     higher_is_better: true
 """
+
+
 TASK_UTILS = '''from paravt import protocol as P
 from paravt.eval.metrics import score_prediction
 
@@ -140,7 +148,7 @@ def run_video(out: Path, video: str, rows: list[dict], url: str, model_name: str
     include = work / "tasks"
     include.mkdir(parents=True, exist_ok=True)
     (work / "data.json").write_text(json.dumps(rows))
-    (include / f"{TASK}.yaml").write_text(TASK_YAML.format(task=TASK, data=work / "data.json"))
+    (include / f"{TASK}.yaml").write_text(task_yaml(TASK, work / "data.json", "score"))
     (include / f"{TASK}_utils.py").write_text(TASK_UTILS)
     script = work / "paravt_mcp.py"
     subprocess.run([server_python, "-m", "paravt", "mcp", "--video", video, "--write-script", str(script)],

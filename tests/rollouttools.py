@@ -1,5 +1,5 @@
-"""Made-up GRPO groups for the packing and update tests: rollouts of one prompt, the shape a packed
-pass shares its prompt across."""
+"""Made-up GRPO groups for the packing and update tests (rollouts of one prompt, the shape a packed
+pass shares its prompt across), and one packed pass of the loss over them."""
 
 from __future__ import annotations
 
@@ -33,3 +33,20 @@ def group_rollouts(r: Renderer, rng, frames: list[np.ndarray], lengths: list[int
         adv = [float(rng.normal()) if m else 0.0 for m in mask]
         out.append(TrainSequence(ids, mask, old, adv, list(rd.images), "main", group=group))
     return out
+
+
+def packed_pass(model, r: Renderer, seqs: list[TrainSequence], impl: str, share: bool):
+    """One packed pass over `seqs` (chunks of 7 rows, τ = 0.7) with its backward: the batch, log π_τ at the
+    trained tokens, their entropy and the PPO loss with a k3 KL term against made-up reference logprobs."""
+    from paravt.train.attention import varlen_attention
+    from paravt.train.batches import pack
+    from paravt.train.grpo import ppo_loss
+    from paravt.train.logprobs import token_logprobs
+
+    n_tok = sum(s.n_trained for s in seqs)
+    with varlen_attention(model, impl=impl):
+        b = pack(model, r, seqs, chunk=7, share_prompts=share)
+        lp, ent = token_logprobs(model, b, with_entropy=True, temperature=0.7, banned=r.banned_ids)
+        loss, _ = ppo_loss(lp, b.old_logprobs, b.advantages, b.mask, n_tok, 0.2, lp.detach() - 0.05, 0.1)
+        loss.backward()
+    return b, lp, ent, loss

@@ -16,7 +16,7 @@ from paravt.train.attention import VARLEN_SDPA, varlen_attention
 from paravt.train.batches import collate, pack, pack_groups, per_sequence, plan_micro_batches, sequence_rows
 from paravt.train.logprobs import token_logprobs
 from paravt.train.sequences import TrainSequence
-from rollouttools import group_rollouts
+from rollouttools import group_rollouts, packed_pass
 
 TAU = 0.7
 # the trainer's packed attention on a CPU (per-sequence sdpa), and transformers' own packed path
@@ -242,15 +242,10 @@ def test_shared_prompts_give_the_same_logprobs_loss_and_gradients(tiny_dir, shar
     if checkpointed:  # in training mode, where checkpointed layers recompute in the backward
         model = init_engine("single", "cpu", activation_checkpointing=True).prepare(model).train()
     r = Renderer(processor)
-    n_tok = sum(s.n_trained for s in sharing)
 
     def run(share: bool):
         model.zero_grad(set_to_none=True)
-        with varlen_attention(model, impl=VARLEN_SDPA):
-            b = pack(model, r, sharing, chunk=7, share_prompts=share)
-            lp, ent = token_logprobs(model, b, with_entropy=True, temperature=TAU, banned=r.banned_ids)
-            loss, _ = ppo_loss(lp, b.old_logprobs, b.advantages, b.mask, n_tok, 0.2, lp.detach() - 0.05, 0.1)
-            loss.backward()
+        b, lp, ent, loss = packed_pass(model, r, sharing, VARLEN_SDPA, share)
         return sequence_rows(sharing, b, lp.detach()), sequence_rows(sharing, b, ent), float(loss.detach()), _grads(model)
 
     plain, shared = run(False), run(True)

@@ -16,12 +16,10 @@ from paravt.models import load_model
 from paravt.train import attention as attn
 from paravt.train import kernels
 from paravt.train.attention import TORCH_VARLEN, VARLEN_SDPA, packed_attention, varlen_attention
-from paravt.train.batches import pack
 from paravt.train.engine import configure_checkpointing, init_engine
-from paravt.train.grpo import GRPOConfig, ppo_loss
-from paravt.train.logprobs import token_logprobs
+from paravt.train.grpo import GRPOConfig
 from paravt.train.sequences import TrainSequence
-from rollouttools import group_rollouts
+from rollouttools import group_rollouts, packed_pass
 
 TAU = 0.7
 
@@ -49,13 +47,8 @@ def _copies(seqs):
 
 def _pass(model, r, seqs, impl=VARLEN_SDPA, share=True):
     """One packed pass's log π_τ, entropy, loss and gradients (the k3 KL term's too)."""
-    n_tok = sum(s.n_trained for s in seqs)
     model.zero_grad(set_to_none=True)
-    with varlen_attention(model, impl=impl):
-        b = pack(model, r, seqs, chunk=7, share_prompts=share)
-        lp, ent = token_logprobs(model, b, with_entropy=True, temperature=TAU, banned=r.banned_ids)
-        loss, _ = ppo_loss(lp, b.old_logprobs, b.advantages, b.mask, n_tok, 0.2, lp.detach() - 0.05, 0.1)
-        loss.backward()
+    _, lp, ent, loss = packed_pass(model, r, seqs, impl, share)
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
     return lp.detach(), ent, loss.detach(), grads
