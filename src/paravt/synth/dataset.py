@@ -183,26 +183,36 @@ def _streams(vseed: int) -> tuple[np.random.Generator, np.random.Generator]:
 
 # ~100 lines: one pass over the videos fills every table and counter of the split; split into helpers,
 # the dozen counters would travel between them.
+@dataclass
+class _Tables:
+    """What a split's questions add up to, as they are made: the rows of its tables and the counts
+    its visibility table is computed from."""
+
+    rl_rows: list = field(default_factory=list)
+    sft_rows: list = field(default_factory=list)
+    prior_rows: list = field(default_factory=list)
+    trajectories: list = field(default_factory=list)
+    annotations: list = field(default_factory=list)
+    n_q: int = 0
+    n_event: int = 0
+    vis: dict = field(default_factory=lambda: {k: 0 for k in K_VALUES})  # event questions the overview shows
+    pred: dict = field(default_factory=lambda: {k: 0.0 for k in K_VALUES})
+    ctrl: dict = field(default_factory=lambda: {k: [0, 0] for k in K_VALUES})  # controls: shown, all
+    types: dict = field(default_factory=dict)
+    kinds: dict = field(default_factory=dict)
+
+
 def build_split(out: str | Path, cfg: SynthConfig, progress=None) -> SplitSummary:
     """Write (or finish writing) a split under `out`. Resumable: a video already on disk that
     opens and matches its spec is kept; every table is rewritten (it is deterministic)."""
-    from paravt.agent import EpisodeConfig
     from paravt.video import VideoReader
 
     out = Path(out)
     (out / "videos").mkdir(parents=True, exist_ok=True)
-    ep = EpisodeConfig()  # the sub-agents' frame sampling, as the episode crops
-    ks = sorted(set(K_VALUES) | set(cfg.oracle_k))
-    rl_rows, sft_rows, prior_rows, trajectories, annotations = [], [], [], [], []
-    n_q = n_event = 0
-    vis = {k: 0 for k in K_VALUES}
-    pred = {k: 0.0 for k in K_VALUES}
-    ctrl = {k: [0, 0] for k in K_VALUES}
-    types: dict[str, int] = {}
-    kinds: dict[str, int] = {}
+    t = _Tables()
     task = progress.add_task(f"SynthVT {cfg.split}", total=cfg.n) if progress is not None else None
     i = 0
-    while n_q < cfg.n:
+    while t.n_q < cfg.n:
         vseed = video_seed(cfg.seed, cfg.split, i)
         vid = f"{cfg.split}_{i:05d}"
         spec = make_spec(vseed, min_len=cfg.min_len, max_len=cfg.max_len, fps=cfg.fps, size=cfg.size,
@@ -213,81 +223,100 @@ def build_split(out: str | Path, cfg: SynthConfig, progress=None) -> SplitSummar
         if reader is None:  # missing, broken, or made with other settings: (re)write it
             write_video(spec, out / rel)
             reader = VideoReader(out / rel)
-        q_rng, o_rng = _streams(vseed)
         try:
-            overviews = {k: [f.timestamp for f in fs] for k, fs in reader.overviews(ks).items()}  # real decoded timestamps
-            qs = make_questions(spec, vid, q_rng, cfg.per_video, {k: overviews[k] for k in K_VALUES}, cfg.kinds,
-                                cfg.control, cfg.kind_weights or None, cfg.pair_gap)
-            qs = qs[: cfg.n - n_q]
-
-            def crop_times(a: float, b: float) -> list[float]:
-                return [f.timestamp for f in reader.crop(a, b, fps=ep.sub_fps, max_frames=ep.sub_max_frames)]
-
-            for q in qs:
-                seen = {k: evidence_visible(spec, q, overviews[k]) for k in K_VALUES}
-                if q.needs_event:
-                    n_event += 1
-                    for k in K_VALUES:
-                        vis[k] += seen[k]
-                        pred[k] += predicted_visibility(spec, q, k)
-                else:
-                    for k in K_VALUES:
-                        ctrl[k][0] += seen[k]
-                        ctrl[k][1] += 1
-                types[q.question_type] = types.get(q.question_type, 0) + 1
-                kinds[q.kind] = kinds.get(q.kind, 0) + 1
-                extra = {"id": q.id, "answer": q.answer, "question_type": q.question_type, "kind": q.kind,
-                         "answer_text": q.answer_text, "options": q.options, "events": q.events,
-                         "evidence": q.evidence, "needs_event": q.needs_event, "video_id": vid,
-                         "duration": spec.duration, "split": cfg.split,
-                         "overview_visible": {str(k): bool(v) for k, v in seen.items()}}
-                rl_rows.append({"id": q.id, "prompt": [{"role": "user", "content": "<video>\n" + q.question}],
-                                "videos": [{"video": rel}], "extra_info": json.dumps(extra, sort_keys=True)})
-                k = int(cfg.oracle_k[int(o_rng.integers(len(cfg.oracle_k)))])
-                traj = make_trajectory(spec, q, overviews[k], crop_times, o_rng, ep.max_parallel, cfg.crop_policy,
-                                       cfg.tool_prior_at_k.get(k, cfg.tool_prior), ep.max_turns - 1, cfg.sweep_len)
-                trajectories.append({"video": rel, **traj.to_dict()})
-                sft_rows += to_sft_rows(traj, q, rel, spec.duration, ep)
-                if cfg.prior_rows:
-                    prior_rows += to_prior_rows(traj, q, rel, spec.duration, ep)
-            n_q += len(qs)
-            annotations.append({"video_id": vid, "video": rel, **spec.to_dict(),
-                                "visible_at_k": {str(k): [e.name for e in visible_events(spec, overviews[k])]
-                                                 for k in K_VALUES}})
+            _add_video(t, cfg, spec, vid, rel, reader, vseed)
         finally:
             reader.close()
         if progress is not None:
-            progress.update(task, completed=n_q)
+            progress.update(task, completed=t.n_q)
         i += 1
-
-    _write_parquet(out / "rl.parquet", rl_rows)
-    _write_parquet(out / "sft.parquet", [{**r, "messages": json.dumps(r["messages"])} for r in sft_rows])
-    if cfg.prior_rows:
-        _write_parquet(out / "prior.parquet", [{**r, "messages": json.dumps(r["messages"])} for r in prior_rows])
-    _write_jsonl(out / "oracle.jsonl", trajectories)
-    _write_jsonl(out / "annotations.jsonl", annotations)
-    tool_eps = [t for t in trajectories if not t["direct"]]
-    by_k = {k: [t for t in trajectories if t["k"] == k] for k in sorted({t["k"] for t in trajectories})}
-    summary = SplitSummary(
-        n_videos=i, n_questions=n_q, n_event_questions=n_event,
-        visible={k: vis[k] / n_event if n_event else 0.0 for k in K_VALUES},
-        predicted={k: pred[k] / n_event if n_event else 0.0 for k in K_VALUES},
-        control_visible={k: c[0] / c[1] if c[1] else 0.0 for k, c in ctrl.items()},
-        question_types=dict(sorted(types.items())),
-        question_kinds=dict(sorted(kinds.items())),
-        oracle_direct=1 - len(tool_eps) / len(trajectories),
-        oracle_mean_calls=float(np.mean([len(t["calls"]) for t in tool_eps])) if tool_eps else 0.0,
-        sft_rows={"main": sum(r["kind"] == "main" for r in sft_rows), "sub": sum(r["kind"] == "sub" for r in sft_rows),
-                  **({"prior_main": sum(r["kind"] == "main" for r in prior_rows),
-                      "prior_sub": sum(r["kind"] == "sub" for r in prior_rows)} if cfg.prior_rows else {})},
-        oracle_direct_at_k={k: float(np.mean([t["direct"] for t in ts])) for k, ts in by_k.items()},
-        oracle_calls_at_k={k: float(np.mean([len(t["calls"]) for t in ts])) for k, ts in by_k.items()},
-        oracle_episodes_at_k={k: len(ts) for k, ts in by_k.items()},
-        oracle_redundant=float(np.mean([t.get("redundant", False) for t in trajectories])),
-        oracle_two_rounds=float(np.mean([len({c.get("round", 0) for c in t["calls"]}) > 1 for t in trajectories])),
-    )
+    _write_tables(out, t, cfg.prior_rows)
+    summary = _summary(t, n_videos=i, prior_rows=cfg.prior_rows)
     (out / "visibility.json").write_text(json.dumps({"split": cfg.split, **summary.to_dict()}, indent=1) + "\n")
     return summary
+
+
+def _add_video(t: _Tables, cfg: SynthConfig, spec: VideoSpec, vid: str, rel: str, reader, vseed: int) -> None:
+    """One video's questions (as many as the split still needs), their rows and trajectories, into `t`."""
+    from paravt.agent import EpisodeConfig
+
+    ep = EpisodeConfig()  # the sub-agents' frame sampling, as the episode crops
+    q_rng, o_rng = _streams(vseed)
+    ks = sorted(set(K_VALUES) | set(cfg.oracle_k))
+    overviews = {k: [f.timestamp for f in fs] for k, fs in reader.overviews(ks).items()}  # real decoded timestamps
+    qs = make_questions(spec, vid, q_rng, cfg.per_video, {k: overviews[k] for k in K_VALUES}, cfg.kinds,
+                        cfg.control, cfg.kind_weights or None, cfg.pair_gap)
+    qs = qs[: cfg.n - t.n_q]
+
+    def crop_times(a: float, b: float) -> list[float]:
+        return [f.timestamp for f in reader.crop(a, b, fps=ep.sub_fps, max_frames=ep.sub_max_frames)]
+
+    for q in qs:
+        seen = {k: evidence_visible(spec, q, overviews[k]) for k in K_VALUES}
+        if q.needs_event:
+            t.n_event += 1
+            for k in K_VALUES:
+                t.vis[k] += seen[k]
+                t.pred[k] += predicted_visibility(spec, q, k)
+        else:
+            for k in K_VALUES:
+                t.ctrl[k][0] += seen[k]
+                t.ctrl[k][1] += 1
+        t.types[q.question_type] = t.types.get(q.question_type, 0) + 1
+        t.kinds[q.kind] = t.kinds.get(q.kind, 0) + 1
+        extra = {"id": q.id, "answer": q.answer, "question_type": q.question_type, "kind": q.kind,
+                 "answer_text": q.answer_text, "options": q.options, "events": q.events,
+                 "evidence": q.evidence, "needs_event": q.needs_event, "video_id": vid,
+                 "duration": spec.duration, "split": cfg.split,
+                 "overview_visible": {str(k): bool(v) for k, v in seen.items()}}
+        t.rl_rows.append({"id": q.id, "prompt": [{"role": "user", "content": "<video>\n" + q.question}],
+                          "videos": [{"video": rel}], "extra_info": json.dumps(extra, sort_keys=True)})
+        k = int(cfg.oracle_k[int(o_rng.integers(len(cfg.oracle_k)))])
+        traj = make_trajectory(spec, q, overviews[k], crop_times, o_rng, ep.max_parallel, cfg.crop_policy,
+                               cfg.tool_prior_at_k.get(k, cfg.tool_prior), ep.max_turns - 1, cfg.sweep_len)
+        t.trajectories.append({"video": rel, **traj.to_dict()})
+        t.sft_rows += to_sft_rows(traj, q, rel, spec.duration, ep)
+        if cfg.prior_rows:
+            t.prior_rows += to_prior_rows(traj, q, rel, spec.duration, ep)
+    t.n_q += len(qs)
+    t.annotations.append({"video_id": vid, "video": rel, **spec.to_dict(),
+                          "visible_at_k": {str(k): [e.name for e in visible_events(spec, overviews[k])]
+                                           for k in K_VALUES}})
+
+
+def _write_tables(out: Path, t: _Tables, prior_rows: bool) -> None:
+    _write_parquet(out / "rl.parquet", t.rl_rows)
+    _write_parquet(out / "sft.parquet", [{**r, "messages": json.dumps(r["messages"])} for r in t.sft_rows])
+    if prior_rows:
+        _write_parquet(out / "prior.parquet", [{**r, "messages": json.dumps(r["messages"])} for r in t.prior_rows])
+    _write_jsonl(out / "oracle.jsonl", t.trajectories)
+    _write_jsonl(out / "annotations.jsonl", t.annotations)
+
+
+def _summary(t: _Tables, n_videos: int, prior_rows: bool) -> SplitSummary:
+    trajectories, n_event = t.trajectories, t.n_event
+    tool_eps = [x for x in trajectories if not x["direct"]]
+    by_k = {k: [x for x in trajectories if x["k"] == k] for k in sorted({x["k"] for x in trajectories})}
+    kind = [r["kind"] for r in t.sft_rows]
+    prior_kind = [r["kind"] for r in t.prior_rows]
+    return SplitSummary(
+        n_videos=n_videos, n_questions=t.n_q, n_event_questions=n_event,
+        visible={k: t.vis[k] / n_event if n_event else 0.0 for k in K_VALUES},
+        predicted={k: t.pred[k] / n_event if n_event else 0.0 for k in K_VALUES},
+        control_visible={k: c[0] / c[1] if c[1] else 0.0 for k, c in t.ctrl.items()},
+        question_types=dict(sorted(t.types.items())),
+        question_kinds=dict(sorted(t.kinds.items())),
+        oracle_direct=1 - len(tool_eps) / len(trajectories),
+        oracle_mean_calls=float(np.mean([len(x["calls"]) for x in tool_eps])) if tool_eps else 0.0,
+        sft_rows={"main": kind.count("main"), "sub": kind.count("sub"),
+                  **({"prior_main": prior_kind.count("main"), "prior_sub": prior_kind.count("sub")}
+                     if prior_rows else {})},
+        oracle_direct_at_k={k: float(np.mean([x["direct"] for x in ts])) for k, ts in by_k.items()},
+        oracle_calls_at_k={k: float(np.mean([len(x["calls"]) for x in ts])) for k, ts in by_k.items()},
+        oracle_episodes_at_k={k: len(ts) for k, ts in by_k.items()},
+        oracle_redundant=float(np.mean([x.get("redundant", False) for x in trajectories])),
+        oracle_two_rounds=float(np.mean([len({c.get("round", 0) for c in x["calls"]}) > 1 for x in trajectories])),
+    )
 
 
 def _valid(path: Path, spec: VideoSpec):
