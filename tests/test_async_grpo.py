@@ -414,14 +414,18 @@ def server_of(out, timeout_s: float = 300, ready: bool = True, proc: subprocess.
             rec, children = read()
             if not ready or not children:
                 return bool(children)
-            info = httpx.get(f"http://127.0.0.1:{rec['port']}/weight_info", timeout=2,
-                             headers={"Authorization": f"Bearer {launch_key(int(children[0]))}"})
+            info = http.get(f"http://127.0.0.1:{rec['port']}/weight_info",
+                            headers={"Authorization": f"Bearer {launch_key(int(children[0]))}"})
             # the trainer's versions are step numbers; vLLM starts at "default", paravt serve at None
             return info.status_code == 200 and str(info.json().get("weight_version")).isdigit()
         except (OSError, ValueError, httpx.HTTPError):
             return False
 
-    wait_for(answers, timeout_s, "the launched server answering", proc)
+    # one client for the polls: httpx.get builds a client (an SSL context) per call, ~40 ms of CPU,
+    # which at 10 polls a second while a server loads was a third of a core; no connection is kept
+    # (the server polled may be killed, stopped or replaced on its port between polls)
+    with httpx.Client(timeout=2, limits=httpx.Limits(max_keepalive_connections=0)) as http:
+        wait_for(answers, timeout_s, "the launched server answering", proc)
     rec, children = read()
     return rec["pgid"], int(children[0])
 
