@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import http.server
+import importlib.util
 import json
 import os
 import select
@@ -23,12 +24,12 @@ import httpx
 import numpy as np
 import pytest
 
-pytest.importorskip("mcp", reason="the mcp package is not installed (pip install -e '.[test]')")
+from servetools import Server, paravt_server
+from videotools import make_test_video
 
-from mcp import Client, StdioServerParameters  # noqa: E402
-
-from servetools import Server, paravt_server  # noqa: E402
-from videotools import make_test_video  # noqa: E402
+# the SDK is imported by the tests that use it: a worker that runs no MCP test never loads it
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("mcp") is None,
+                                reason="the mcp package is not installed (pip install -e '.[test]')")
 
 INIT = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
     "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}
@@ -194,6 +195,7 @@ def test_a_call_past_its_deadline_stops_reading_and_frees_its_worker(media):
     1 KB/s) pass their 6 s deadline, then a crop of a small file must get a worker and its frames.
     The timed-out reads stop: the slow server sees its readers hang up and no byte more is read."""
     import av
+    from mcp import Client, StdioServerParameters
 
     with av.open(str(media / "long.mp4")) as c:  # the bytes of 10-40 s trickle: a crop of 21-36 s reads there
         s = c.streams.video[0]
@@ -283,6 +285,8 @@ def test_a_lone_surrogate_over_stdio_is_answered_and_the_server_goes_on(media):
 def test_a_lone_surrogate_in_process_and_over_http_is_answered(media, http_server):
     """In process (the SDK's direct dispatch: the tool refuses it) and over HTTP (the body is
     answered before the SDK reads it), and the session goes on."""
+    from mcp import Client
+
     from paravt.integrations.mcp.server import build_server
     from paravt.integrations.mcp.settings import McpSettings
 
