@@ -28,9 +28,7 @@ under the interpreter that wrote it), e.g. paravt's own .venv beside lmms-eval's
 from __future__ import annotations
 
 import argparse
-import glob
 import json
-import os
 import re
 import subprocess
 import sys
@@ -39,7 +37,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))  # its neighbour, however it is loaded
-from longvt_loop import server_python, task_yaml  # noqa: E402
+from longvt_loop import run_async_openai, server_python, task_yaml  # noqa: E402
 
 TASK_UTILS = '''
 def doc_to_visual(doc):
@@ -188,16 +186,9 @@ def main() -> None:
     with ScriptedToolModel(log) as model:
         args = (f"model_version=scripted,base_url={model.url},api_key=EMPTY,mcp_server_path={script},num_cpus=1,"
                 "nframes=4,max_pixels=50176")
-        cmd = [sys.executable, "-m", "lmms_eval", "--model", "async_openai", "--model_args", args, "--tasks",
-               "synthvt_mcp", "--include_path", str(include), "--output_path", str(out / "lmms"), "--log_samples"]
-        env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(out / "hf"))
-        print("$ " + " ".join(cmd), flush=True)
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
-        (out / "lmms_eval.log").write_text(r.stdout + r.stderr)
-    samples = [json.loads(line) for p in glob.glob(str(out / "lmms" / "**" / "*_samples_*.jsonl"), recursive=True)
-               for line in Path(p).read_text().splitlines() if line.strip()]
+        code, samples = run_async_openai(args, "synthvt_mcp", include, out, out / "hf")
     if not samples:
-        sys.exit(f"lmms-eval logged no samples (exit {r.returncode}); see {out / 'lmms_eval.log'}")
+        sys.exit(f"lmms-eval logged no samples (exit {code}); see {out / 'lmms_eval.log'}")
     for s in sorted(samples, key=lambda s: s["doc_id"]):
         resp = s["filtered_resps"]
         resp = resp[0] if isinstance(resp, list) else resp

@@ -50,6 +50,20 @@ def server_python() -> Path:
     return own if own.exists() else Path(sys.executable)
 
 
+def run_async_openai(model_args: str, task: str, include: Path, work: Path, hf_home: Path) -> tuple[int, list[dict]]:
+    """`python -m lmms_eval --model async_openai` (this Python: lmms-eval's env) on `task`, offline,
+    its output in `work/lmms` and its log in `work/lmms_eval.log`: the exit status and the samples it logged."""
+    cmd = [sys.executable, "-m", "lmms_eval", "--model", "async_openai", "--model_args", model_args, "--tasks", task,
+           "--include_path", str(include), "--output_path", str(work / "lmms"), "--log_samples"]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(hf_home))
+    print("$ " + " ".join(cmd), flush=True)
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    (work / "lmms_eval.log").write_text(r.stdout + r.stderr)
+    samples = [json.loads(line) for p in glob.glob(str(work / "lmms" / "**" / "*_samples_*.jsonl"), recursive=True)
+               for line in Path(p).read_text().splitlines() if line.strip()]
+    return r.returncode, samples
+
+
 TASK = "synthvt_longvt"
 
 
@@ -155,16 +169,9 @@ def run_video(out: Path, video: str, rows: list[dict], url: str, model_name: str
                    check=True, capture_output=True)  # the script re-executes itself under that Python
     args = (f"model_version={model_name},base_url={url}/v1,api_key=EMPTY,mcp_server_path={script},num_cpus=1,"
             "max_retries=1")
-    cmd = [sys.executable, "-m", "lmms_eval", "--model", "async_openai", "--model_args", args, "--tasks", TASK,
-           "--include_path", str(include), "--output_path", str(work / "lmms"), "--log_samples"]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(out / "hf"))
-    print("$ " + " ".join(cmd), flush=True)
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
-    (work / "lmms_eval.log").write_text(r.stdout + r.stderr)
-    logged = [json.loads(line) for p in glob.glob(str(work / "lmms" / "**" / "*_samples_*.jsonl"), recursive=True)
-              for line in Path(p).read_text().splitlines() if line.strip()]
+    code, logged = run_async_openai(args, TASK, include, work, out / "hf")
     if len(logged) != len(rows):
-        raise SystemExit(f"lmms-eval logged {len(logged)} of {len(rows)} samples (exit {r.returncode}); see "
+        raise SystemExit(f"lmms-eval logged {len(logged)} of {len(rows)} samples (exit {code}); see "
                          f"{work / 'lmms_eval.log'}")
     found = glob.glob(str(work / "lmms" / "**" / "*_results.json"), recursive=True)
     mean = json.loads(Path(found[0]).read_text())["results"][TASK]["score,none"] if found else None

@@ -203,7 +203,7 @@ def write_doc(a) -> str:
             f"In training at K = {max(a.k_choices)}, over the last third of each run's steps (τ = 0.7): the rollouts "
             "that call against those that skip (R: the episode's reward before shaping).", "", *call_vs_skip(a), "",
             "![curves](paradox_curves.png)", "", "![advantage gap](paradox_advantage.png)", "",
-            f"What reproduced (finished runs only, seed means where a family has more than one; claims on a run still "
+            "What reproduced (finished runs only, seed means where a family has more than one; claims on a run still "
             "training read \"not measured yet\"):", "",
             *claims(a, {rid: s for rid, s in summaries.items() if s["steps"] >= a.steps}), END]
     text = "\n".join(body)

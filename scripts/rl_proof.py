@@ -19,7 +19,6 @@ way is evaluated at its newest checkpoint and the table says at which step.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import shlex
 import sys

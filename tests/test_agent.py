@@ -9,7 +9,7 @@ import time
 import pytest
 
 from paravt import protocol as P
-from paravt.agent import Episode, EpisodeConfig, ordered_calls, run_episode, run_episode_sync
+from paravt.agent import Episode, EpisodeConfig, ordered_calls, run_episode_sync
 from paravt.backends.base import BackendError
 from paravt.backends.scripted import ScriptedBackend
 from paravt.video import VideoError, VideoReader

@@ -7,7 +7,7 @@ import pytest
 
 from paravt import protocol as P
 from paravt.agent import build_final_message, build_main_messages, build_tool_response_messages, tool_response_parts
-from paravt.backends.base import ImagePart, Message, TextPart
+from paravt.backends.base import ImagePart, Message
 from paravt.backends.hf import Renderer
 from paravt.models.tiny import build_processor, build_tokenizer
 from paravt.video import Frame

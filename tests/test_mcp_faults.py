@@ -11,7 +11,6 @@ import asyncio
 import http.server
 import importlib.util
 import json
-import os
 import select
 import socket
 import subprocess

@@ -2,7 +2,6 @@
 background-colour controls), and scripts/paired_gain.py gives the paired bootstrap gain of one run over
 another, overall and per group."""
 
-import json
 import subprocess
 import sys
 from pathlib import Path

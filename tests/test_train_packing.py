@@ -114,7 +114,6 @@ def test_packed_loss_and_gradients_equal_one_sequence_at_a_time(tiny, seqs, impl
     model, processor = tiny
     r = Renderer(processor)
     n_tok = sum(s.n_trained for s in seqs)
-    ref_lp = {}
 
     def run(batches):
         model.zero_grad(set_to_none=True)

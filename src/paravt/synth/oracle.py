@@ -35,7 +35,7 @@ import numpy as np
 from paravt import protocol as P
 from paravt.agent import (EpisodeConfig, build_final_message, build_main_messages, build_subagent_messages,
                           build_tool_response_messages, tool_response_parts)
-from paravt.messages import ImagePart, Message, TextPart
+from paravt.messages import ImagePart, Message
 from paravt.synth.questions import Question, article, describe_frames, evidence_visible
 from paravt.synth.render import VideoSpec
 from paravt.video import Frame
