@@ -118,10 +118,9 @@ def question_type_of(question: str, question_type: str = "auto") -> str:
     the mcq scorer's (`protocol.options`). An open question answered under the letter prompt gets a
     different, usually wrong, answer."""
     from paravt import protocol as P
-    from paravt.rewards import options_from_question
 
     if question_type == "auto":
-        return "mcq" if options_from_question(question) else "oe"
+        return "mcq" if P.options_from_question(question) else "oe"
     if question_type not in P.QUESTION_TYPES:
         raise ValueError(f"--question-type must be auto or one of {', '.join(P.QUESTION_TYPES)}, got {question_type!r}")
     return question_type

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 from paravt import protocol as P
-from paravt.protocol.options import LETTERS, option_body, options_from_question  # noqa: F401  (the option grammar)
+from paravt.protocol.options import LETTERS, option_body, options_from_question  # the option grammar, one place
 
 # ----------------------------------------------------------------------------------------------
 # configuration

@@ -9,7 +9,8 @@ back in the form the task's `process_results` reads. lmms-eval then scores it wi
 From request to episode:
 - question: the task's prompt as lmms-eval renders it, unchanged: its options, its answer instruction
   and any subtitles it carries stay in it (paravt's prompt profile wraps it like any question). The
-  options are parsed from its "A. ..." / "(A) ..." / "A: ..." lines (`rewards.options_from_question`).
+  options are parsed from its "A. ..." / "(A) ..." / "A: ..." options, on lines or inline
+  (`protocol.options`, the grammar the mcq scorer reads).
 - question type: `tvg` for temporal-grounding tasks (a task name with "grounding" or "charades"),
   `mcq` when the prompt lists options, else `oe`; `question_type=` forces one.
 - video: the first path (or URL) `doc_to_visual` gives; a document without one is reported as missing
@@ -58,8 +59,8 @@ except ImportError as e:  # imported by hand where lmms-eval is not: say the com
 from paravt.eval.benchmarks import LETTERS, MissingVideo, Sample
 from paravt.eval.runner import (RESULTS, ManifestMismatch, eval_config, latest_rows, read_results, run_eval_async,
                                 write_text)
-from paravt.protocol import QUESTION_TYPES
-from paravt.rewards import options_from_question, parse_span
+from paravt.protocol import QUESTION_TYPES, options_from_question
+from paravt.rewards import parse_span
 
 # What a request without an answer gets back: no task's extraction reads a letter, a time or a
 # reference text in it (see the module docstring).

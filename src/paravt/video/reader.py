@@ -244,9 +244,13 @@ class VideoReader:
         if k >= self._info.num_frames:
             with self._decoding():
                 return every_frame(self._track(), self._image)
+        return self.frames_at(self._overview_times(k))
+
+    def _overview_times(self, k: int) -> list[float]:
+        """The times of overview(k) for k under the frame count."""
         if self._index.spans is not None:  # timestamps that jump: spread over the recorded time only
-            return self.frames_at(share(self._index.spans, k))
-        return self.frames_at(overview_times(self._info.duration, k))
+            return share(self._index.spans, k)
+        return overview_times(self._info.duration, k)
 
     def overviews(self, ks) -> dict[int, list[Frame]]:
         """overview(k) for every k in `ks`, the frames nearest all their times found in one pass: a
@@ -258,10 +262,8 @@ class VideoReader:
         for k in ks:
             if k >= self._info.num_frames:
                 every = every or self.overview(k)
-            elif self._index.spans is not None:
-                times[k] = share(self._index.spans, k)
             else:
-                times[k] = overview_times(self._info.duration, k)
+                times[k] = self._overview_times(k)
         union = sorted({t for ts in times.values() for t in ts})
         decoded = [f for i in range(0, len(union), MAX_FRAMES) for f in self.frames_at(union[i:i + MAX_FRAMES])]
         at = dict(zip(union, decoded))
