@@ -17,7 +17,10 @@ a page may POST to http://127.0.0.1:8000 cross-site without a CORS preflight whe
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import time
+from typing import AsyncIterable
 from urllib.parse import urlsplit
 
 LOOPBACK_HOSTNAMES = ("localhost",)
@@ -116,6 +119,27 @@ def add_cors(app, origins: tuple[str, ...], methods: tuple[str, ...], headers: t
 
     app.add_middleware(CORSMiddleware, allow_origins=list(origins), allow_methods=list(methods),
                        allow_headers=list(headers), expose_headers=list(expose), max_age=CORS_MAX_AGE_S)
+
+
+async def read_body(chunks: AsyncIterable[bytes], max_bytes: int, timeout_s: float) -> bytes | tuple[int, str]:
+    """A request's whole body from `chunks`, or (status, why) to answer instead: 408 when it has not
+    all arrived within `timeout_s` (uvicorn bounds only the headers' time, so a client that stops
+    sending would hold a worker), 413 past `max_bytes` (a chunked upload without Content-Length is
+    stopped there too). What `chunks` raises (a client that left) is the caller's."""
+    got, size = [], 0
+    reading = chunks.__aiter__()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            chunk = await asyncio.wait_for(reading.__anext__(), max(deadline - time.monotonic(), 0.001))
+        except StopAsyncIteration:
+            return b"".join(got)
+        except asyncio.TimeoutError:
+            return 408, f"the request body did not arrive within {timeout_s:g} s"
+        size += len(chunk)
+        if size > max_bytes:
+            return 413, f"the request body is over the limit of {max_bytes} bytes"
+        got.append(chunk)
 
 
 HEADER_TIMEOUT_S = 30.0

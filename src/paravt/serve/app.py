@@ -32,7 +32,7 @@ from paravt.serve.limits import (MAX_BODY_BYTES, MAX_INFLIGHT_PIXELS, PIXEL_WAIT
 from paravt.serve.rl_api import RL_PATHS, WeightGate, add_rl_api
 from paravt.serve.schema import ChatRequest, parse_chat_request
 from paravt.serve.tool_calls import read_calls
-from paravt.webguard import add_cors, origin_of, refusal
+from paravt.webguard import add_cors, origin_of, read_body, refusal
 from paravt.serve.streaming import (first_while_connected, generate_while_connected, pump_generation, retrieve,
                                     stream_events, usage_of)
 
@@ -200,22 +200,9 @@ async def read_request(srv: Server, request):
     """The body, read in chunks (a chunked upload without Content-Length is stopped at the limit
     too) and parsed with its images' headers read, not their pixels: a ChatRequest, or the error
     response. Nothing of the raw body outlives this call: the request keeps only what it needs."""
-    chunks, size = [], 0
-    reading = request.stream().__aiter__()
-    deadline = time.monotonic() + BODY_TIMEOUT_S
-    while True:  # each chunk within the body's deadline: a client that stops sending does not hold a worker
-        try:
-            chunk = await asyncio.wait_for(reading.__anext__(), max(deadline - time.monotonic(), 0.001))
-        except StopAsyncIteration:
-            break
-        except asyncio.TimeoutError:
-            return error(408, f"the request body did not arrive within {BODY_TIMEOUT_S:g} s")
-        size += len(chunk)
-        if size > srv.max_body_bytes:
-            return error(413, f"request body is over the limit of {srv.max_body_bytes} bytes")
-        chunks.append(chunk)
-    raw = b"".join(chunks)
-    del chunks
+    raw = await read_body(request.stream(), srv.max_body_bytes, BODY_TIMEOUT_S)
+    if isinstance(raw, tuple):
+        return error(*raw)
     try:
         body = json.loads(raw)
     except ValueError as e:

@@ -11,9 +11,7 @@ size bound, a client that leaves mid-body one log line, a request holding a lone
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from typing import Any
 
 from paravt.integrations.mcp import wire
@@ -131,28 +129,36 @@ class WholeBody:
 
 
 async def read_body(scope, receive, timeout_s: float) -> bytes | tuple[int, str]:
-    """The whole body within `timeout_s`, or (status, why) to answer instead, or (0, why) when the
-    client left."""
+    """The whole body within `timeout_s` (`paravt.webguard.read_body`, as serve reads one), or
+    (status, why) to answer instead, or (0, why) when the client left."""
+    from paravt.webguard import read_body as read_whole
+
     declared = dict(scope.get("headers") or ()).get(b"content-length", b"")
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         return 413, f"the request body of {int(declared)} bytes is over the limit of {MAX_BODY_BYTES} bytes"
-    chunks, size = [], 0
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.001))
-        except asyncio.TimeoutError:
-            return 408, f"the request body did not arrive within {timeout_s:g} s"
-        if message["type"] == "http.disconnect":
-            return 0, (f"client left before its request body arrived ({scope['method']} {scope['path']}, "
-                       f"{size} bytes of {declared.decode() or 'an unstated length'})")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            return 413, f"the request body is over the limit of {MAX_BODY_BYTES} bytes"
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+    size = 0
+
+    async def chunks():
+        nonlocal size
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _ClientLeft
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            yield chunk
+            if not message.get("more_body", False):
+                return
+
+    try:
+        return await read_whole(chunks(), MAX_BODY_BYTES, timeout_s)
+    except _ClientLeft:
+        return 0, (f"client left before its request body arrived ({scope['method']} {scope['path']}, "
+                   f"{size} bytes of {declared.decode() or 'an unstated length'})")
+
+
+class _ClientLeft(Exception):
+    """The client disconnected before its body arrived whole."""
 
 
 async def _answer(scope, receive, send, status: int, body: dict) -> None:
